@@ -1,0 +1,54 @@
+"""`bindjax <command> [flags]`: dispatches to bindjax.commands.<command>.main(argv)."""
+import importlib
+import sys
+
+# Command name -> module under bindjax.commands; imported lazily so `bindjax --help` is instant.
+COMMANDS = {
+    "train": "train",
+    "sweep": "sweep",
+    "report": "report",
+    "import": "import_embeddings",
+    "probe": "probe",
+    "complexity": "complexity",
+    "decompose": "decompose",
+    "interventions": "interventions",
+    "interventions-table": "interventions_table",
+    "mds": "mds",
+    "extract": "extract",
+}
+
+_USAGE = """usage: bindjax <command> [--flags]
+
+commands:
+  train               train one dual encoder   (--config=experiments/train.py:smoke --workdir=DIR)
+  sweep               coverage sweep, replicas vmapped and sharded (--config=experiments/coverage_sweep.py:smoke --workdir=DIR)
+  report              phase-transition figure and table from a sweep workdir (--workdir=DIR)
+  import              convert a folder written by the original PyTorch code to bindjax's format
+  probe               linear concept/object probes on an embedding set (--embeddings=DIR)
+  complexity          binding-function approximators (--config=experiments/complexity.py:ARG)
+  decompose           additive decomposition and subtraction suite
+  interventions       object-replacement interventions
+  interventions-table collect intervention summaries into Markdown and LaTeX tables
+  mds                 MDS geometry of quadruples
+  extract             trained dual encoder -> embedding set (--workdir=RUN --objects=all|train|held-out)
+
+`bindjax <command> --help` lists a command's flags."""
+
+
+def main(argv=None):
+  """Entry point of the `bindjax` console command."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv or argv[0] in ("-h", "--help", "help"):
+    print(_USAGE)
+    return 0
+  name = argv[0]
+  if name not in COMMANDS:
+    print(f"bindjax: unknown command {name!r}; expected one of {', '.join(COMMANDS)}",
+          file=sys.stderr)
+    return 2
+  module = importlib.import_module(f"bindjax.commands.{COMMANDS[name]}")
+  return module.main([f"bindjax {name}"] + argv[1:]) or 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,4 @@
+"""Installs bindjax; all metadata lives in setup.cfg."""
+import setuptools
+
+setuptools.setup()

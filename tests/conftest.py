@@ -1,0 +1,6 @@
+"""Test session set-up: 8 fake CPU devices so sharded code is exercised on any machine."""
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
