@@ -1,0 +1,46 @@
+"""`bindjax decompose --embeddings=DIR --workdir=OUT [--config=experiments/geometry.py:ARG]`.
+
+Additive object/concept fits, object estimates and the subtraction suite (SPEC §10); writes
+OUT/decomposition.json. Nothing is written when the input is rejected.
+"""
+import os
+import sys
+
+from absl import flags
+
+from bindjax.commands import flags as flags_lib
+
+
+def main(argv):
+  """Runs the command; returns the exit code."""
+  fv = flags_lib.new_flag_values(config_help="geometry config (experiments/geometry.py:ARG; "
+                                 "default: paper settings)")
+  flags.DEFINE_string("embeddings", None, "embedding set: native directory, reference folder "
+                      "or TFDS dataset", flag_values=fv)
+  flags.DEFINE_bool("overwrite", False, "replace existing results in --workdir", flag_values=fv)
+  flags_lib.parse(fv, argv, required=("embeddings", "workdir"))
+  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
+  from bindjax.geometry import common  # pylint: disable=g-import-not-at-top
+  from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bindjax.geometry import decomposition  # pylint: disable=g-import-not-at-top
+  workdir, overwrite = fv["workdir"].value, fv["overwrite"].value
+  try:
+    common.refuse_existing([os.path.join(workdir, decomposition.RESULTS_FILE)], overwrite)
+    cfg = config_lib.from_flags(fv)
+    settings = config_lib.decomposition_config(cfg)
+    embedding_set = embeddings.read_embeddings(fv["embeddings"].value)
+    results = decomposition.run_decomposition(embedding_set, settings)
+    results["dataset"], results["model"] = config_lib.run_labels(cfg, embedding_set,
+                                                                 fv["embeddings"].value)
+    path = decomposition.write_decomposition(workdir, results, overwrite=overwrite)
+  except ValueError as e:
+    print(f"{argv[0]}: {e}", file=sys.stderr)
+    return 1
+  fits = results["fits"]
+  print(f"{path}: R² object model {fits['object']['r2_all']:.4f}, concept model "
+        f"{fits['concept']['r2_all']:.4f}; " + ", ".join(
+            f"{b} {results['reconstructions'][b]['r2']:.4f}" for b in results["banks"]))
+  for name, run in results["subtraction"].items():
+    print(f"  {name:24s} test concept acc {run['test']['concept_acc']:.3f}  "
+          f"object acc {run['test']['object_acc']:.3f}")
+  return 0

@@ -1,0 +1,44 @@
+"""`bindjax interventions-table --summaries=RUN1,RUN2,... --workdir=OUT [--strength=1]`.
+
+Collects interventions summaries (run directories or summary JSON files) into one Markdown and
+one LaTeX table, rows dataset × model, columns bank: OUT/interventions_table.{md,tex}.
+"""
+import os
+import sys
+
+from absl import flags
+
+from bindjax.commands import flags as flags_lib
+
+
+def main(argv):
+  """Runs the command; returns the exit code."""
+  fv = flags_lib.new_flag_values(with_config=False)
+  flags.DEFINE_list("summaries", None, "interventions run directories or summary JSON files",
+                    flag_values=fv)
+  flags.DEFINE_float("strength", None, "edit strength k to tabulate (default: each run's first)",
+                     flag_values=fv)
+  flags.DEFINE_enum("metric", "retrieval", ["retrieval", "retrieval_order_insensitive", "probe"],
+                    "value in each cell", flag_values=fv)
+  flags.DEFINE_enum("group", "all", ["all", "shared_attribute", "different_attribute"],
+                    "cases tabulated", flag_values=fv)
+  flags.DEFINE_bool("overwrite", False, "replace existing tables in --workdir", flag_values=fv)
+  flags_lib.parse(fv, argv, required=("summaries", "workdir"))
+  from bindjax.geometry import common  # pylint: disable=g-import-not-at-top
+  from bindjax.geometry import interventions  # pylint: disable=g-import-not-at-top
+  workdir = fv["workdir"].value
+  paths = [os.path.join(workdir, "interventions_table.md"),
+           os.path.join(workdir, "interventions_table.tex")]
+  try:
+    common.refuse_existing(paths, fv["overwrite"].value)
+    summaries = [interventions.load_summary(p) for p in fv["summaries"].value]
+    markdown, latex = interventions.summary_table(summaries, fv["strength"].value,
+                                                  fv["metric"].value, fv["group"].value)
+  except ValueError as e:
+    print(f"{argv[0]}: {e}", file=sys.stderr)
+    return 1
+  common.atomic_write_text(paths[0], markdown)
+  common.atomic_write_text(paths[1], latex)
+  print(markdown, end="")
+  print(f"wrote {paths[0]} and {paths[1]}")
+  return 0

@@ -1,0 +1,59 @@
+"""`bindjax mds --embeddings=DIR --workdir=OUT --quadruple=red,blue,cube,sphere [...]`.
+
+For each quadruple (two attributes, two shapes; value names or indices) writes
+OUT/mds_<quadruple>.json (points, cosine distances, 3-D coordinates, stress) and .png, and
+OUT/mds_grid.png over all of them. Nothing is written when a quadruple names values the set lacks.
+"""
+import os
+import sys
+
+from absl import flags
+
+from bindjax.commands import flags as flags_lib
+
+
+def main(argv):
+  """Runs the command; returns the exit code."""
+  fv = flags_lib.new_flag_values(config_help="geometry config (experiments/geometry.py:ARG; "
+                                 "default: paper settings)")
+  flags.DEFINE_string("embeddings", None, "embedding set: native directory, reference folder "
+                      "or TFDS dataset", flag_values=fv)
+  flags.DEFINE_multi_string("quadruple", None, "attribute_a,attribute_b,shape_x,shape_y "
+                            "(repeatable; default: config mds.quadruples, ';'-separated)",
+                            flag_values=fv)
+  flags.DEFINE_bool("overwrite", False, "replace existing results in --workdir", flag_values=fv)
+  flags_lib.parse(fv, argv, required=("embeddings", "workdir"))
+  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
+  from bindjax.geometry import common  # pylint: disable=g-import-not-at-top
+  from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bindjax.geometry import mds  # pylint: disable=g-import-not-at-top
+  from bindjax.plots import mds as mds_plots  # pylint: disable=g-import-not-at-top
+  workdir = fv["workdir"].value
+  try:
+    cfg = config_lib.from_flags(fv).mds
+    specs = fv["quadruple"].value or [q for q in str(cfg.quadruples).split(";") if q.strip()]
+    if not specs:
+      raise ValueError("no quadruple given: pass --quadruple=attribute_a,attribute_b,shape_x,"
+                       "shape_y (or set --config.mds.quadruples)")
+    embedding_set = embeddings.read_embeddings(fv["embeddings"].value)
+    concepts = dict(attribute_concept=int(cfg.attribute_concept),
+                    shape_concept=int(cfg.shape_concept))
+    quadruples = [mds.parse_quadruple(embedding_set, s, **concepts) for s in specs]
+    stems = [os.path.join(workdir, "mds_" + q.label(embedding_set, **concepts)) for q in quadruples]
+    outputs = [s + ext for s in stems for ext in (".json", ".png")]
+    outputs.append(os.path.join(workdir, "mds_grid.png"))
+    common.refuse_existing(outputs, fv["overwrite"].value)
+    results = [mds.run_mds(embedding_set, q, str(cfg.bank), int(cfg.random_state), n_init=int(
+        cfg.n_init), **concepts) for q in quadruples]
+  except ValueError as e:
+    print(f"{argv[0]}: {e}", file=sys.stderr)
+    return 1
+  for stem, result in zip(stems, results):
+    common.atomic_write_json(stem + ".json", result)
+    mds_plots.plot_quadruple(result, stem + ".png")
+    print(f"{stem}.json: stress {result['stress']:.4g} (stress-1 {result['stress_1']:.3f}); "
+          "sum→composite cosine distances " +
+          ", ".join(f"{d:.4f}" for d in result["sum_to_composite_cosine_distance"]))
+  mds_plots.plot_grid(results, outputs[-1])
+  print(f"wrote {outputs[-1]}")
+  return 0

@@ -1,0 +1,264 @@
+"""Additive decomposition of 2-object scene embeddings and the subtraction suite (SPEC §10).
+
+On the centred 2-object embeddings y (mean of the 2-object scenes removed):
+- object model  ŷ = E_slot0[o1] + E_slot1[o2];
+- concept model ŷ = Σ_slot Σ_c T_{slot,c}[v_{slot,c}];
+both fitted with AdamW (lr 1e-2, 10,000 steps, batches of 2048 rows drawn with replacement from a
+99% training split) and scored by R² = 1 − SSE/SST pooled over dimensions. Closed-form object
+estimates (obj-avg, pos-avg, single-object) give reconstructions ŷ = u[o1] + u[o2] scored the same
+way (single-object estimates are centred by the mean single-object embedding).
+
+Subtraction suite: §9 probes fitted on the base embeddings y, on y − concept reconstruction, on
+y − object reconstruction, and on two controls that subtract the same fitted models evaluated at
+permuted ids (a random derangement of object ids, resp. of each concept's values), so the
+subtracted vectors have the right magnitude but the wrong content. All five probe runs are fitted
+in one batch. The base probes also score every reconstruction, and each reconstruction is used to
+retrieve its own scene (cosine top-1 among the real centred 2-object embeddings).
+"""
+import dataclasses
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bindjax.geometry import common
+from bindjax.probes import linear
+
+RESULTS_FILE = "decomposition.json"
+SUITE = ("base", "minus_concepts", "minus_objects", "minus_concepts_permuted",
+         "minus_objects_permuted")
+
+
+@dataclasses.dataclass(frozen=True)
+class FitConfig:
+  """Additive-model fit (hashable: a jit static argument). Weight decay: torch AdamW's default."""
+  steps: int = 10_000
+  learning_rate: float = 1e-2
+  weight_decay: float = 0.01
+  batch_size: int = 2048
+  train_fraction: float = 0.99
+  seed: int = 0
+
+  def validate(self):
+    if self.steps < 1 or self.batch_size < 1:
+      raise ValueError(f"FitConfig steps={self.steps}, batch_size={self.batch_size}: expected ≥ 1")
+    if not 0 < self.train_fraction < 1:
+      raise ValueError(f"FitConfig.train_fraction={self.train_fraction}: expected in (0, 1)")
+    if not self.learning_rate > 0:
+      raise ValueError(f"FitConfig.learning_rate={self.learning_rate}: expected > 0")
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class DecompositionConfig:
+  fit: FitConfig = FitConfig()
+  probe: linear.ProbeConfig = linear.ProbeConfig()
+  banks: tuple | None = None        # None: every bank the set supports
+  control_seed: int = 0             # permutation of the controls
+  tie_tolerance: float = 1e-6
+
+
+@functools.partial(jax.jit, static_argnames=("num_rows", "config"))
+def fit_additive(indices_NxJ, targets_NxD, train_rows_T, num_rows, config):
+  """Fits a table [num_rows, D] so that Σ_j table[indices[n, j]] ≈ targets[n] (MSE).
+
+  Zero-initialised; minibatches of `config.batch_size` rows drawn with replacement from
+  train_rows. Returns (table, loss per step).
+  """
+  table = jnp.zeros((num_rows, targets_NxD.shape[1]), jnp.float32)
+  optimizer = optax.adamw(config.learning_rate, b1=0.9, b2=0.999, eps=1e-8,
+                          weight_decay=config.weight_decay)
+
+  def loss_fn(t, idx_BxJ, y_BxD):
+    return jnp.mean((t[idx_BxJ].sum(1) - y_BxD) ** 2)
+
+  def step(carry, key):
+    t, state = carry
+    rows_B = jax.random.choice(key, train_rows_T, (config.batch_size,), replace=True)
+    loss, grads = jax.value_and_grad(loss_fn)(t, indices_NxJ[rows_B], targets_NxD[rows_B])
+    updates, state = optimizer.update(grads, state, t)
+    return (optax.apply_updates(t, updates), state), loss
+
+  keys = jax.random.split(jax.random.PRNGKey(config.seed), config.steps)
+  (table, _), losses = jax.lax.scan(step, (table, optimizer.init(table)), keys)
+  return table, losses
+
+
+def object_indices(ids_Nx2, num_objects):
+  """Object-model rows: slot s, object o -> s·U + o."""
+  return np.asarray(ids_Nx2) + np.array([0, num_objects])
+
+
+def concept_indices(values_Nx2xC, values_per_concept):
+  """Concept-model rows: slot s, concept c, value v -> s·ΣV + offset_c + v."""
+  offsets_C = np.concatenate([[0], np.cumsum(values_per_concept)[:-1]])
+  total = int(np.sum(values_per_concept))
+  rows_Nx2xC = np.asarray(values_Nx2xC) + offsets_C + (np.arange(2) * total)[:, None]
+  return rows_Nx2xC.reshape(len(rows_Nx2xC), -1)
+
+
+def derangement(n, rng):
+  """A random permutation of range(n) without fixed points (identity when n < 2)."""
+  order = rng.permutation(n)
+  perm = np.arange(n)
+  perm[order] = order[(np.arange(n) + 1) % n]
+  return perm
+
+
+def split_rows(n, fraction, seed):
+  """Random train/test rows (numpy RandomState(seed)); train = first clamp(int(f·n), 1, n-1)."""
+  perm = np.random.RandomState(seed).permutation(n)
+  n_train = linear.split_count(n, fraction)
+  return np.sort(perm[:n_train]), np.sort(perm[n_train:])
+
+
+def _fit_and_score(name, indices_NxJ, y_NxD, num_rows, train_rows, test_rows, config):
+  table, losses = fit_additive(jnp.asarray(indices_NxJ, jnp.int32), jnp.asarray(y_NxD, jnp.float32),
+                               jnp.asarray(train_rows, jnp.int32), num_rows, config)
+  table = np.asarray(table, np.float64)
+  prediction_NxD = table[indices_NxJ].sum(1)
+  sst_mean = np.zeros((1, y_NxD.shape[1]))   # y is centred over all 2-object scenes
+
+  def r2(rows):
+    sse = np.sum((y_NxD[rows] - prediction_NxD[rows]) ** 2)
+    sst = np.sum((y_NxD[rows] - sst_mean) ** 2)
+    return float(1 - sse / sst) if sst > 0 else None
+
+  losses = np.asarray(losses)
+  info = {"model": name, "r2_all": r2(slice(None)), "r2_train": r2(train_rows),
+          "r2_test": r2(test_rows), "final_loss": float(losses[-10:].mean()),
+          "num_parameters": int(table.size)}
+  return table, prediction_NxD, info
+
+
+def _retrieval(reconstruction_NxD, y_NxD, ids_Nx2, tie_tolerance):
+  key_N, set_key_N = common.scene_keys(ids_Nx2)
+  res = common.top1_retrieval(reconstruction_NxD, y_NxD, key_N, key_N, set_key_N, set_key_N,
+                              tie_tolerance=tie_tolerance)
+  return {"accuracy": float(res["hit"].mean()), "ties": int(res["tie"].sum()),
+          "order_insensitive_accuracy": float(res["order_insensitive_hit"].mean())}
+
+
+def run_decomposition(embedding_set, config=DecompositionConfig()):
+  """Both additive fits, the object estimates and the subtraction suite; returns a results dict."""
+  config.fit.validate()
+  config.probe.validate()
+  index = common.scene_index(embedding_set)
+  if config.banks is None:
+    banks = tuple(b for b in common.BANKS if b != "single-object" or index.has_single_objects)
+  else:
+    banks = common.check_banks(config.banks, index)
+  values_per_concept = tuple(int(v) for v in embedding_set.values_per_concept)
+  num_u = index.num_objects
+  embeddings_AxD = np.asarray(embedding_set.embeddings, np.float64)
+  two_NxD = embeddings_AxD[index.rows_N]
+  mean_D = two_NxD.mean(0)
+  y_NxD = two_NxD - mean_D
+  n = len(y_NxD)
+  values_Nx2xC = index.unique_UxC[index.ids_Nx2]
+
+  # Additive fits.
+  train_rows, test_rows = split_rows(n, config.fit.train_fraction, config.fit.seed)
+  obj_idx = object_indices(index.ids_Nx2, num_u)
+  con_idx = concept_indices(values_Nx2xC, values_per_concept)
+  obj_table, obj_pred, obj_info = _fit_and_score("object", obj_idx, y_NxD, 2 * num_u, train_rows,
+                                                 test_rows, config.fit)
+  con_table, con_pred, con_info = _fit_and_score("concept", con_idx, y_NxD,
+                                                 2 * sum(values_per_concept), train_rows,
+                                                 test_rows, config.fit)
+
+  # Permuted-id controls: the same tables at deranged ids.
+  rng = np.random.RandomState(config.control_seed)
+  object_perm_U = derangement(num_u, rng)
+  obj_perm_pred = obj_table[object_indices(object_perm_U[index.ids_Nx2], num_u)].sum(1)
+  permuted_values = values_Nx2xC.copy()
+  value_perms = []
+  for c, v in enumerate(values_per_concept):
+    perm_V = derangement(v, rng)
+    value_perms.append(perm_V)
+    permuted_values[..., c] = perm_V[values_Nx2xC[..., c]]
+  con_perm_pred = con_table[concept_indices(permuted_values, values_per_concept)].sum(1)
+
+  # Probes of the suite, one batch.
+  labels = linear.probe_labels(embedding_set.objects[index.rows_N], np.full(n, 2),
+                               values_per_concept, index.ids_Nx2, num_u)
+  probe_train, _ = linear.scene_split(n, config.probe.seed, config.probe.train_fraction)
+  train_mask = linear.rows_to_mask(probe_train, n)
+  stack_MxNxD = np.stack([y_NxD, y_NxD - con_pred, y_NxD - obj_pred, y_NxD - con_perm_pred,
+                          y_NxD - obj_perm_pred]).astype(np.float32)
+  weights, losses = linear.fit_probes(stack_MxNxD, labels, train_mask, config.probe)
+  score = jax.vmap(
+      lambda w, z, mask: linear.score_embeddings(w, z, labels, mask, config.probe.similarity),
+      in_axes=(0, 0, None))
+  train_scores = score(weights, stack_MxNxD, train_mask)
+  test_scores = score(weights, stack_MxNxD, ~train_mask)
+  losses = np.asarray(losses)
+  suite = {}
+  for m, name in enumerate(SUITE):
+    suite[name] = {
+        "train": linear.to_python(jax.tree_util.tree_map(lambda x, m=m: x[m], train_scores)),
+        "test": linear.to_python(jax.tree_util.tree_map(lambda x, m=m: x[m], test_scores)),
+        "final_train_loss": float(losses[m, -1]),
+        "removed_norm_fraction": float(np.linalg.norm(y_NxD - stack_MxNxD[m]) /
+                                       np.linalg.norm(y_NxD)),
+    }
+
+  # Reconstructions scored with the base probes and by retrieval.
+  base_weights = jax.tree_util.tree_map(lambda x: x[0], weights)
+  all_rows = np.ones(n, bool)
+
+  def probe_scores(reconstruction_NxD):
+    s = linear.score_embeddings(base_weights, reconstruction_NxD.astype(np.float32), labels,
+                                all_rows, config.probe.similarity)
+    return {"concept_acc": float(s["concept_acc"]), "object_acc": float(s["object_acc"])}
+
+  reconstructions = {"object_model": obj_pred, "concept_model": con_pred}
+  estimates = {}
+  for bank_name in banks:
+    bank = common.object_bank(bank_name, index, embeddings_AxD)
+    centre_D = (np.asarray(embeddings_AxD[index.single_rows_S]).mean(0)
+                if bank_name == "single-object" else mean_D)
+    tables = [bank.slot(s) for s in (0, 1)]
+    missing = sum(int((~tables[s][1][index.ids_Nx2[:, s]]).sum()) for s in (0, 1))
+    usable_N = tables[0][1][index.ids_Nx2[:, 0]] & tables[1][1][index.ids_Nx2[:, 1]]
+    pred = sum(tables[s][0][index.ids_Nx2[:, s]] - centre_D for s in (0, 1))
+    pred[~usable_N] = 0.0
+    reconstructions[bank_name] = pred
+    estimates[bank_name] = {"r2": common.r_squared(y_NxD[usable_N], pred[usable_N]),
+                            "scenes_without_estimate": int((~usable_N).sum()),
+                            "missing_object_vectors": missing}
+  scored = {}
+  for name, pred in reconstructions.items():
+    scored[name] = {"probe": probe_scores(pred),
+                    "retrieval": _retrieval(pred, y_NxD, index.ids_Nx2, config.tie_tolerance)}
+    if name in estimates:
+      scored[name].update(estimates[name])
+  scored["object_model"]["r2"] = obj_info["r2_all"]
+  scored["concept_model"]["r2"] = con_info["r2_all"]
+
+  return {
+      "num_two_object_scenes": n,
+      "num_single_object_scenes": int(len(index.single_rows_S)),
+      "num_objects": num_u,
+      "dim": int(y_NxD.shape[1]),
+      "values_per_concept": list(values_per_concept),
+      "fits": {"object": obj_info, "concept": con_info,
+               "num_train_scenes": int(len(train_rows)), "num_test_scenes": int(len(test_rows))},
+      "reconstructions": scored,
+      "subtraction": suite,
+      "controls": {"object_permutation": object_perm_U,
+                   "value_permutations": value_perms},
+      "banks": list(banks),
+      "config": dataclasses.asdict(config),
+  }
+
+
+def write_decomposition(workdir, results, overwrite=False):
+  """Writes decomposition.json under workdir (atomically); returns its path."""
+  path = os.path.join(workdir, RESULTS_FILE)
+  common.refuse_existing([path], overwrite)
+  common.atomic_write_json(path, results)
+  return path

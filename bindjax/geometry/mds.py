@@ -1,0 +1,180 @@
+"""MDS geometry of attribute/shape quadruples (SPEC §10).
+
+A quadruple names two attributes a, b and two shapes x, y. Its points, all from the centred
+2-object embeddings (mean of the 2-object scenes removed): attribute means (scenes holding the
+attribute), shape means, the object estimates of a-x, b-y, a-y, b-x from an object bank (pos-avg:
+the slot each object takes in its composite), both composites (scenes [a-x, b-y] and its binding
+swap [a-y, b-x]) and their additive sums (sum of the two object estimates). Metric MDS to 3-D on
+the cosine distances (scikit-learn, precomputed dissimilarities, fixed random_state).
+"""
+import dataclasses
+import inspect
+
+import numpy as np
+from sklearn import manifold
+
+from bindjax.geometry import common
+
+KINDS = ("attribute", "shape", "object", "composite", "sum")
+
+
+@dataclasses.dataclass(frozen=True)
+class Quadruple:
+  attributes: tuple   # (a, b) values of the attribute concept
+  shapes: tuple       # (x, y) values of the shape concept
+
+  def label(self, embedding_set, attribute_concept=0, shape_concept=1):
+    names = [common.value_name(embedding_set, attribute_concept, v) for v in self.attributes]
+    names += [common.value_name(embedding_set, shape_concept, v) for v in self.shapes]
+    return "-".join(names)
+
+
+def _value(embedding_set, concept, token, role):
+  num_values = int(embedding_set.values_per_concept[concept])
+  names = list((getattr(embedding_set, "value_names", None) or [[]] * (concept + 1))[concept] or [])
+  token = str(token).strip()
+  if token in names:
+    return names.index(token)
+  if token.lstrip("-").isdigit() and 0 <= int(token) < num_values:
+    return int(token)
+  known = names if names else list(range(num_values))
+  raise ValueError(f"quadruple {role} {token!r}: the embedding set has no such value of concept "
+                   f"{concept}; expected one of {known}")
+
+
+def parse_quadruple(embedding_set, spec, attribute_concept=0, shape_concept=1):
+  """Quadruple from "a,b,x,y" (value names or indices) or a 4-sequence."""
+  parts = spec.split(",") if isinstance(spec, str) else list(spec)
+  if len(parts) != 4:
+    raise ValueError(f"quadruple {spec!r}: expected 4 values 'attribute_a,attribute_b,shape_x,"
+                     "shape_y'")
+  a, b = (_value(embedding_set, attribute_concept, p, "attribute") for p in parts[:2])
+  x, y = (_value(embedding_set, shape_concept, p, "shape") for p in parts[2:])
+  if a == b or x == y:
+    raise ValueError(f"quadruple {spec!r}: expected two different attributes and two different "
+                     "shapes")
+  return Quadruple((a, b), (x, y))
+
+
+def quadruple_points(embedding_set, quadruple, bank="pos-avg", attribute_concept=0,
+                     shape_concept=1):
+  """(labels, kinds, vectors [12, D]) of a quadruple; ValueError naming anything the set lacks."""
+  if len(embedding_set.values_per_concept) != 2:
+    raise ValueError(f"MDS quadruples need objects of exactly 2 concepts (attribute, shape); the "
+                     f"set has values_per_concept={tuple(embedding_set.values_per_concept)}")
+  if sorted((attribute_concept, shape_concept)) != [0, 1]:
+    raise ValueError(f"attribute_concept={attribute_concept}, shape_concept={shape_concept}: "
+                     "expected 0 and 1 in some order")
+  index = common.scene_index(embedding_set)
+  common.check_banks([bank], index)
+  embeddings_AxD = np.asarray(embedding_set.embeddings, np.float64)
+  mean_D = embeddings_AxD[index.rows_N].mean(0)
+  y_NxD = embeddings_AxD[index.rows_N] - mean_D
+  values_Nx2xC = index.unique_UxC[index.ids_Nx2]
+  (a, b), (x, y) = quadruple.attributes, quadruple.shapes
+  name = lambda c, v: common.value_name(embedding_set, c, v)
+  labels, kinds, vectors = [], [], []
+
+  def mean_of(concept, value, role):
+    rows = np.any(values_Nx2xC[:, :, concept] == value, axis=1)
+    if not rows.any():
+      raise ValueError(f"quadruple {role} {name(concept, value)!r}: no 2-object scene holds it")
+    return y_NxD[rows].mean(0)
+
+  for v in (a, b):
+    labels.append(name(attribute_concept, v)); kinds.append("attribute")
+    vectors.append(mean_of(attribute_concept, v, "attribute"))
+  for v in (x, y):
+    labels.append(name(shape_concept, v)); kinds.append("shape")
+    vectors.append(mean_of(shape_concept, v, "shape"))
+
+  object_of = {tuple(int(t) for t in u): i for i, u in enumerate(index.unique_UxC)}
+
+  def object_id(attribute, shape):
+    values = [0, 0]
+    values[attribute_concept], values[shape_concept] = attribute, shape
+    oid = object_of.get(tuple(values))
+    if oid is None:
+      raise ValueError(f"quadruple object {name(attribute_concept, attribute)} "
+                       f"{name(shape_concept, shape)}: not in the embedding set")
+    return oid
+
+  bank_vectors = common.object_bank(bank, index, embeddings_AxD)
+  centre_D = (embeddings_AxD[index.single_rows_S].mean(0) if bank == "single-object" else mean_D)
+  composites = [((a, x), (b, y)), ((a, y), (b, x))]
+  estimates = {}
+  for pair in composites:
+    for slot, (attribute, shape) in enumerate(pair):
+      oid = object_id(attribute, shape)
+      table_UxD, present_U = bank_vectors.slot(slot)
+      if not present_U[oid]:
+        raise ValueError(f"quadruple object {name(attribute_concept, attribute)} "
+                         f"{name(shape_concept, shape)}: bank {bank!r} has no estimate for it in "
+                         f"slot {slot}")
+      estimates[(attribute, shape)] = table_UxD[oid] - centre_D
+  for attribute, shape in (pair[s] for pair in composites for s in (0, 1)):
+    labels.append(f"{name(attribute_concept, attribute)} {name(shape_concept, shape)}")
+    kinds.append("object")
+    vectors.append(estimates[(attribute, shape)])
+  scene_row = {tuple(int(i) for i in ids): n for n, ids in enumerate(index.ids_Nx2)}
+  sums = []
+  for pair in composites:
+    ids = tuple(object_id(*obj) for obj in pair)
+    text = " + ".join(f"{name(attribute_concept, o[0])} {name(shape_concept, o[1])}" for o in pair)
+    if ids not in scene_row:
+      raise ValueError(f"quadruple composite scene [{text}]: not among the 2-object scenes")
+    labels.append(text); kinds.append("composite"); vectors.append(y_NxD[scene_row[ids]])
+    sums.append((f"sum({text})", estimates[pair[0]] + estimates[pair[1]]))
+  for label, vector in sums:
+    labels.append(label); kinds.append("sum"); vectors.append(vector)
+  return labels, kinds, np.stack(vectors)
+
+
+def cosine_distances(vectors_PxD):
+  """1 − cosine similarity, symmetric, zero diagonal, clipped at 0."""
+  hat_PxD = common.normalize(vectors_PxD)
+  distances_PxP = np.clip(1.0 - hat_PxD @ hat_PxD.T, 0.0, 2.0)
+  distances_PxP = 0.5 * (distances_PxP + distances_PxP.T)
+  np.fill_diagonal(distances_PxP, 0.0)
+  return distances_PxP
+
+
+def metric_mds(distances_PxP, dims=3, random_state=0, n_init=4, max_iter=300):
+  """Metric MDS of precomputed dissimilarities: (coords [P, dims], raw stress, Stress-1)."""
+  params = inspect.signature(manifold.MDS).parameters
+  kwargs = dict(n_components=dims, n_init=n_init, max_iter=max_iter, random_state=random_state)
+  if "metric_mds" in params:   # scikit-learn ≥ 1.8 renamed dissimilarity -> metric
+    kwargs.update(metric_mds=True, metric="precomputed", init="random", normalized_stress=False)
+  else:
+    kwargs.update(metric=True, dissimilarity="precomputed", normalized_stress=False)
+  mds = manifold.MDS(**kwargs)
+  coords_PxK = mds.fit_transform(distances_PxP)
+  fitted_PxP = np.linalg.norm(coords_PxK[:, None] - coords_PxK[None], axis=-1)
+  upper = np.triu_indices(len(distances_PxP), 1)
+  denom = np.sum(distances_PxP[upper] ** 2)
+  stress_1 = float(np.sqrt(np.sum((fitted_PxP[upper] - distances_PxP[upper]) ** 2) / denom)
+                   if denom > 0 else 0.0)
+  return coords_PxK, float(mds.stress_), stress_1
+
+
+def run_mds(embedding_set, quadruple, bank="pos-avg", random_state=0, attribute_concept=0,
+            shape_concept=1, n_init=4):
+  """Points, cosine distances, 3-D coordinates and stress of one quadruple (JSON-ready dict)."""
+  labels, kinds, vectors = quadruple_points(embedding_set, quadruple, bank, attribute_concept,
+                                            shape_concept)
+  distances = cosine_distances(vectors)
+  coords, stress, stress_1 = metric_mds(distances, 3, random_state, n_init)
+  composite_rows = [i for i, k in enumerate(kinds) if k == "composite"]
+  sum_rows = [i for i, k in enumerate(kinds) if k == "sum"]
+  return {
+      "quadruple": quadruple.label(embedding_set, attribute_concept, shape_concept),
+      "attributes": list(quadruple.attributes), "shapes": list(quadruple.shapes),
+      "bank": bank, "random_state": random_state,
+      "points": [{"label": l, "kind": k, "coords": c.tolist()}
+                 for l, k, c in zip(labels, kinds, coords)],
+      "lines": [[s, c] for s, c in zip(sum_rows, composite_rows)],
+      "sum_to_composite_cosine_distance": [float(distances[s, c])
+                                           for s, c in zip(sum_rows, composite_rows)],
+      "distances": distances.tolist(),
+      "stress": stress, "stress_1": stress_1,
+  }

@@ -1,0 +1,312 @@
+"""Devices and hosts: replica mesh, replica sharding, padding, chunking, multi-host start-up.
+
+Replicas (independent models) live on a leading axis R of every array. The mesh has a "replica"
+axis, over which that leading axis is split, and a "data" axis (size 1 by default) for callers
+that also split a batch. Both axes are `AxisType.Auto`, so eager indexing of sharded results
+works and the compiler places everything else. No pmap.
+
+Multi-host: every process builds the same host arrays (the grid is deterministic) and
+`shard_replicas` hands each device its own rows; `to_host` gathers results on every process;
+only process 0 writes files (`is_writer`, `write_atomic`).
+"""
+import functools
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+REPLICA_AXIS = "replica"
+DATA_AXIS = "data"
+
+# Fraction of a device's memory that chunking plans for (XLA, the runtime and fragmentation need
+# the rest).
+DEFAULT_MEMORY_FRACTION = 0.7
+
+
+def make_mesh(num_data=1, devices=None):
+  """Mesh over all (or the given) devices with axes ("replica", "data"), both AxisType.Auto.
+
+  num_data devices of each replica group cooperate on one batch; the remaining factor is the
+  replica axis. Raises ValueError if num_data does not divide the device count.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if num_data < 1 or len(devices) % num_data:
+    raise ValueError(f"num_data={num_data}: expected a positive divisor of the device count "
+                     f"{len(devices)}")
+  shape = (len(devices) // num_data, num_data)
+  return jax.make_mesh(shape, (REPLICA_AXIS, DATA_AXIS), axis_types=(AxisType.Auto,) * 2,
+                       devices=devices)
+
+
+def num_replica_shards(mesh):
+  """How many parts the replica axis is split into."""
+  return mesh.shape[REPLICA_AXIS]
+
+
+def replica_sharding(mesh):
+  """NamedSharding splitting an array's leading axis along "replica" (replicated over "data")."""
+  return NamedSharding(mesh, PartitionSpec(REPLICA_AXIS))
+
+
+def replicated_sharding(mesh):
+  """NamedSharding holding a full copy on every device."""
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def padded_size(num_replicas, multiple):
+  """Smallest multiple of `multiple` that is ≥ num_replicas (and ≥ multiple)."""
+  if num_replicas < 1 or multiple < 1:
+    raise ValueError(f"num_replicas={num_replicas}, multiple={multiple}: expected both ≥ 1")
+  return -(-num_replicas // multiple) * multiple
+
+
+def pad_to_multiple(tree, n):
+  """Pads every leaf's leading axis R to a multiple of n by repeating the last replica.
+
+  Repeating (not zero-filling) keeps padded replicas numerically ordinary, so they never raise
+  NaNs or divide by zero. Returns (padded_tree, valid_R) where valid_R is a bool numpy array,
+  False on the padding.
+  """
+  leaves = jax.tree_util.tree_leaves(tree)
+  if not leaves:
+    raise ValueError("pad_to_multiple: the tree has no leaves")
+  sizes = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
+  if len(sizes) != 1 or None in sizes:
+    raise ValueError(f"pad_to_multiple: expected every leaf to share one leading replica axis, "
+                     f"got leading sizes {sorted(map(str, sizes))}")
+  (size,) = sizes
+  total = padded_size(size, n)
+
+  def pad(x):
+    if total == size:
+      return x
+    xp = jnp if isinstance(x, jax.Array) else np
+    extra = xp.repeat(x[-1:], total - size, axis=0)
+    return xp.concatenate([x, extra], axis=0)
+
+  valid_R = np.arange(total) < size
+  return jax.tree_util.tree_map(pad, tree), valid_R
+
+
+def shard_replicas(tree, mesh):
+  """Places host (numpy) arrays on the mesh, leading axis split along "replica".
+
+  Works on one or many processes: each process must hold the same full host arrays and only
+  transfers the rows of its own devices. The leading axis must be divisible by the replica axis
+  size (see `pad_to_multiple`).
+  """
+  sharding = replica_sharding(mesh)
+  shards = num_replica_shards(mesh)
+
+  def put(x):
+    x = np.asarray(x)
+    if x.ndim == 0 or x.shape[0] % shards:
+      raise ValueError(f"shard_replicas: leading axis of shape {x.shape} must be divisible by "
+                       f"the {shards} replica shards; pad with pad_to_multiple first")
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+  return jax.tree_util.tree_map(put, tree)
+
+
+def to_host(tree):
+  """Numpy copy of (possibly multi-host sharded) arrays, identical on every process."""
+  if jax.process_count() == 1:
+    return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
+
+  def gather(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+  return jax.tree_util.tree_map(gather, tree)
+
+
+def chunked_vmap(fn, chunk_size=None, num_shards=1, in_axes=0, spmd_axis_name=None):
+  """vmap of fn over a leading axis R, evaluated `chunk_size` replicas at a time with lax.map.
+
+  Activation memory then scales with the chunk, not with R. With the leading axis split into
+  num_shards device blocks, each chunk takes chunk_size // num_shards rows from *every* block
+  so all devices stay busy in every chunk. chunk_size=None (or ≥ R) is a plain vmap. If the
+  per-shard chunk does not divide the rows per shard, the largest divisor below it is used.
+  Results equal `jax.vmap(fn)` up to float reordering.
+  """
+  vmapped = jax.vmap(fn, in_axes=in_axes, spmd_axis_name=spmd_axis_name)
+  if chunk_size is None:
+    return vmapped
+  if chunk_size < 1 or num_shards < 1:
+    raise ValueError(f"chunked_vmap: chunk_size={chunk_size}, num_shards={num_shards}: "
+                     f"expected positive integers")
+  if in_axes != 0:
+    raise ValueError(f"chunked_vmap: in_axes={in_axes!r}; chunking supports in_axes=0 only")
+
+  @functools.wraps(fn)
+  def wrapped(*args):
+    leaves = jax.tree_util.tree_leaves(args)
+    size = leaves[0].shape[0]
+    if size % num_shards:
+      raise ValueError(f"chunked_vmap: {size} replicas are not divisible by {num_shards} shards")
+    per_shard = size // num_shards
+    per_chunk = _largest_divisor_at_most(per_shard, max(1, chunk_size // num_shards))
+    num_chunks = per_shard // per_chunk
+    if num_chunks == 1:
+      return vmapped(*args)
+
+    def split(x):  # [S·M·c, ...] -> [M, S·c, ...]: chunk m holds rows m·c.. of every shard
+      x = x.reshape((num_shards, num_chunks, per_chunk) + x.shape[1:])
+      x = jnp.swapaxes(x, 0, 1)
+      return x.reshape((num_chunks, num_shards * per_chunk) + x.shape[3:])
+
+    def merge(y):  # inverse of split
+      y = y.reshape((num_chunks, num_shards, per_chunk) + y.shape[2:])
+      y = jnp.swapaxes(y, 0, 1)
+      return y.reshape((size,) + y.shape[3:])
+
+    outputs = jax.lax.map(lambda chunk: vmapped(*chunk),
+                          jax.tree_util.tree_map(split, args))
+    return jax.tree_util.tree_map(merge, outputs)
+
+  return wrapped
+
+
+def _largest_divisor_at_most(n, limit):
+  for d in range(min(n, limit), 0, -1):
+    if n % d == 0:
+      return d
+  return 1
+
+
+def device_memory_bytes(device=None):
+  """Usable memory of one device: its allocator limit, or host RAM shared by the local devices."""
+  device = device or jax.local_devices()[0]
+  stats = None
+  try:
+    stats = device.memory_stats()
+  except Exception:  # Some backends do not implement memory_stats at all.
+    stats = None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  try:
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    ram = 8 << 30
+  return int(ram // max(1, jax.local_device_count()))
+
+
+def choose_chunk_size(bytes_per_replica, replicas_per_device, *, fixed_bytes=0,
+                      memory_bytes=None, memory_fraction=DEFAULT_MEMORY_FRACTION, num_shards=1):
+  """Replicas to run at once (over all shards) so one chunk's activations fit in device memory.
+
+  bytes_per_replica: activation/temporary memory of one replica's step; fixed_bytes: memory
+  that every replica's state takes regardless of chunking (per device). Returns None when all
+  replicas fit (no chunking).
+  """
+  if replicas_per_device < 1:
+    raise ValueError(f"replicas_per_device={replicas_per_device}: expected ≥ 1")
+  budget = (memory_bytes or device_memory_bytes()) * memory_fraction - fixed_bytes
+  if bytes_per_replica <= 0 or bytes_per_replica * replicas_per_device <= budget:
+    return None
+  per_device = max(1, int(budget // bytes_per_replica))
+  return per_device * num_shards
+
+
+def compiled_memory_bytes(compiled):
+  """(temporary bytes, argument + output bytes) of a compiled executable, or None if unknown."""
+  try:
+    stats = compiled.memory_analysis()
+  except Exception:  # Not every backend reports memory statistics.
+    return None
+  if stats is None:
+    return None
+  return (int(stats.temp_size_in_bytes),
+          int(stats.argument_size_in_bytes + stats.output_size_in_bytes))
+
+
+# Environment variables whose presence means "started by a multi-host launcher".
+_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_NTASKS")
+_TPU_POD_VARS = ("TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS")
+
+
+def detect_cluster(environ=None):
+  """Names the multi-host environment we run in: "slurm", "tpu_pod", "env" or None.
+
+  SLURM counts only with more than one task; a TPU VM only when it lists several worker hosts.
+  "env" means the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables.
+  """
+  env = os.environ if environ is None else environ
+  if all(v in env for v in _SLURM_VARS) and int(env.get("SLURM_NTASKS", "1")) > 1:
+    return "slurm"
+  hosts = env.get("TPU_WORKER_HOSTNAMES", "")
+  if len([h for h in hosts.split(",") if h.strip()]) > 1 or "MEGASCALE_COORDINATOR_ADDRESS" in env:
+    return "tpu_pod"
+  if env.get("JAX_COORDINATOR_ADDRESS"):
+    return "env"
+  return None
+
+
+def maybe_initialize_distributed(coordinator_address=None, num_processes=None, process_id=None,
+                                 local_device_ids=None, initialization_timeout=300,
+                                 environ=None):
+  """Joins a multi-process JAX job when there is one; returns True if distributed is on.
+
+  Explicit arguments win (all three of coordinator_address, num_processes, process_id);
+  otherwise SLURM with several tasks and multi-host TPU VMs are detected and JAX's own cluster
+  detection fills in the details; "env" reads JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+  JAX_PROCESS_ID. Single-host runs return False without touching jax.distributed. Safe to call
+  twice.
+  """
+  if jax.distributed.is_initialized():
+    return True
+  explicit = (coordinator_address, num_processes, process_id)
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise ValueError(f"coordinator_address={coordinator_address!r}, num_processes="
+                       f"{num_processes!r}, process_id={process_id!r}: give all three or none")
+    if not 0 <= int(process_id) < int(num_processes):
+      raise ValueError(f"process_id={process_id}: expected 0 ≤ id < num_processes={num_processes}")
+    jax.distributed.initialize(coordinator_address, int(num_processes), int(process_id),
+                               local_device_ids=local_device_ids,
+                               initialization_timeout=initialization_timeout)
+    return True
+  env = os.environ if environ is None else environ
+  cluster = detect_cluster(env)
+  if cluster is None:
+    return False
+  if cluster == "env":
+    jax.distributed.initialize(env["JAX_COORDINATOR_ADDRESS"], int(env["JAX_NUM_PROCESSES"]),
+                               int(env["JAX_PROCESS_ID"]), local_device_ids=local_device_ids,
+                               initialization_timeout=initialization_timeout)
+  else:
+    jax.distributed.initialize(local_device_ids=local_device_ids,
+                               initialization_timeout=initialization_timeout)
+  logging.info("jax.distributed on %s: process %d of %d, %d devices", cluster,
+               jax.process_index(), jax.process_count(), jax.device_count())
+  return True
+
+
+def is_writer():
+  """True on the process that writes results (process 0)."""
+  return jax.process_index() == 0
+
+
+def write_atomic(path, data):
+  """Writes text or bytes to path via a temporary file in the same directory and os.replace."""
+  path = os.fspath(path)
+  directory = os.path.dirname(path) or "."
+  os.makedirs(directory, exist_ok=True)
+  tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+  mode = "wb" if isinstance(data, (bytes, bytearray)) else "w"
+  with open(tmp, mode) as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def sync(name):
+  """Barrier across processes (no-op on one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)

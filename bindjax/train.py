@@ -1,0 +1,545 @@
+"""Training one dual encoder from scratch (SPEC §3–§6): pure per-replica functions and a loop.
+
+The functions are written for ONE replica and are pure, so the sweep vmaps them over a leading
+replica axis:
+
+  spec = RunSpec.from_config(config)          # static settings (hashable: one compile per spec)
+  hyper, split = hyper_from_config(config, spec)   # per-replica arrays (stack them to vmap)
+  state = init(hyper.key, spec, hyper)
+  state, metrics = train_step(state, hyper, spec)  # samples its own batch from fold_in(data, step)
+  metrics = eval_step(state.params, eval_key(hyper.key, step), hyper, spec)
+
+Randomness: a replica's root key (from its seed) splits into three streams by fold_in: 0 model
+init, 1 training data (fold_in(·, step) per step), 2 evaluation (fold_in(·, step) per evaluation).
+
+`run_training(config, workdir)` is the single-run loop: progress bar, metrics JSONL, orbax
+checkpoints (periodic, keep-last-n, best held-out object accuracy) and exact resume.
+"""
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from bindjax import models
+from bindjax import objectives
+from bindjax import scenes
+from bindjax import world
+
+INIT_STREAM, DATA_STREAM, EVAL_STREAM = 0, 1, 2
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+SPLIT_FILE = "split.npz"
+CHECKPOINT_DIR = "checkpoints"
+BEST_METRIC = "heldout/object_accuracy"
+
+
+def default_config():
+  """The published run's settings (SPEC §6); experiments/train.py derives its presets from it."""
+  c = ml_collections.ConfigDict()
+  c.space = ml_collections.ConfigDict(dict(num_concepts=2, num_values=20, max_objects=2))
+  c.coverage = 0.8
+  c.seed = 0
+  # Seed of the coverage split's RandomState permutation (SPEC §2); -1 means "use `seed`".
+  c.split_seed = -1
+  c.model = ml_collections.ConfigDict(dict(
+      d_model=256, num_heads=4, num_layers=6, d_ff=2048, d_out=64, variant="pre_ln",
+      similarity="cosine", tau_init=1.15, train_logit_cap=10.0, eval_logit_cap=100.0,
+      compute_dtype="float32"))
+  c.sampler = ml_collections.ConfigDict(dict(
+      batch_size=512, max_concept_queries=64, max_positive_queries=64, swaps_per_scene=1,
+      built_negatives_per_positive=0, swap_concepts="any"))
+  c.optimizer = ml_collections.ConfigDict(dict(
+      learning_rate=3e-5, weight_decay=0.1, b1=0.9, b2=0.999, eps=1e-8, warmup_fraction=0.1))
+  c.num_steps = 50_000
+  c.eval = ml_collections.ConfigDict(dict(every=1000, batches=10, batch_size=512))
+  c.log_every = 100
+  c.checkpoint = ml_collections.ConfigDict(dict(every=1000, keep=3, keep_best=1))
+  return c
+
+
+# --------------------------------------------------------------------------------------------
+# Static settings and per-replica hyperparameters
+
+
+def _field(config, path):
+  node = config
+  for part in path.split("."):
+    try:
+      node = node[part]
+    except (KeyError, AttributeError, TypeError):
+      raise ValueError(f"config.{path} is missing (see bindjax.train.default_config())") from None
+  return node
+
+
+def _int(config, path, minimum):
+  value = _field(config, path)
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    raise ValueError(f"config.{path}={value!r}: expected an integer >= {minimum}")
+  return int(value)
+
+
+def _float(config, path, low, high, low_open=False, high_open=False):
+  value = _field(config, path)
+  if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+    raise ValueError(f"config.{path}={value!r}: expected a number")
+  value = float(value)
+  ok = (not math.isnan(value) and (value > low if low_open else value >= low) and
+        (value < high if high_open else value <= high))
+  if not ok:
+    interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    raise ValueError(f"config.{path}={value!r}: expected a number in {interval}")
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """Every setting that shapes a run's programs (hashable; a static jit argument).
+
+  Replicas that share a RunSpec share one compiled train_step/eval_step; what varies between them
+  (coverage, seed, learning rate, weight decay) lives in `Hyper`.
+  """
+  space: world.ObjectSpace
+  sampler: scenes.SamplerConfig        # training batches
+  eval_sampler: scenes.SamplerConfig   # evaluation batches (eval_batch_size scenes)
+  model: models.ModelConfig
+  num_steps: int
+  warmup_fraction: float = 0.1
+  eval_every: int = 1000
+  eval_batches: int = 10
+  adam_b1: float = 0.9
+  adam_b2: float = 0.999
+  adam_eps: float = 1e-8
+
+  @property
+  def warmup_steps(self):
+    return int(self.warmup_fraction * self.num_steps)
+
+  @classmethod
+  def from_config(cls, config):
+    """Builds and validates the static settings; also checks the per-replica ones.
+
+    Raises ValueError naming the field, its value and what was expected, before anything is
+    compiled.
+    """
+    space_values = _field(config, "space.num_values")
+    num_concepts = _int(config, "space.num_concepts", 1)
+    max_objects = _int(config, "space.max_objects", 1)
+    try:
+      space = world.ObjectSpace.create(
+          tuple(space_values) if isinstance(space_values, (list, tuple)) else space_values,
+          max_objects, num_concepts=num_concepts)
+      space.check_enumerable("training (a permutation of all object ids)")
+    except ValueError as e:
+      raise ValueError(f"config.space: {e}") from None
+    try:
+      model = models.ModelConfig.for_space(space, **dict(_field(config, "model")))
+    except (ValueError, TypeError) as e:
+      raise ValueError(f"config.model: {e}") from None
+    try:
+      sampler = scenes.SamplerConfig(**dict(_field(config, "sampler")))
+      eval_sampler = dataclasses.replace(
+          sampler, batch_size=_int(config, "eval.batch_size", 1))
+    except (ValueError, TypeError) as e:
+      raise ValueError(f"config.sampler: {e}") from None
+    spec = cls(
+        space=space, sampler=sampler, eval_sampler=eval_sampler, model=model,
+        num_steps=_int(config, "num_steps", 1),
+        warmup_fraction=_float(config, "optimizer.warmup_fraction", 0.0, 1.0, high_open=True),
+        eval_every=_int(config, "eval.every", 1),
+        eval_batches=_int(config, "eval.batches", 1),
+        adam_b1=_float(config, "optimizer.b1", 0.0, 1.0, high_open=True),
+        adam_b2=_float(config, "optimizer.b2", 0.0, 1.0, high_open=True),
+        adam_eps=_float(config, "optimizer.eps", 0.0, math.inf, low_open=True, high_open=True))
+    # Per-replica and loop settings: checked here so a bad run fails before compiling.
+    coverage = _float(config, "coverage", 0.0, 1.0, low_open=True)
+    if coverage < 1.0 and space.num_objects < 2:
+      raise ValueError(f"config.coverage={coverage}: a held-out set needs |O| >= 2, "
+                       f"the space has {space.num_objects} object")
+    check_hyper(learning_rate=_field(config, "optimizer.learning_rate"),
+                weight_decay=_field(config, "optimizer.weight_decay"))
+    _int(config, "seed", 0)
+    _int(config, "split_seed", -1)
+    for path in ("log_every", "checkpoint.every", "checkpoint.keep", "checkpoint.keep_best"):
+      _int(config, path, 1)
+    return spec
+
+
+def check_hyper(*, learning_rate, weight_decay):
+  """Raises ValueError unless learning_rate > 0 and weight_decay >= 0 (both finite)."""
+  for name, value, low_open in (("optimizer.learning_rate", learning_rate, True),
+                                ("optimizer.weight_decay", weight_decay, False)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+      raise ValueError(f"config.{name}={value!r}: expected a number")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (low_open and value == 0):
+      raise ValueError(f"config.{name}={value!r}: expected a finite number "
+                       f"{'> 0' if low_open else '>= 0'}")
+
+
+@flax.struct.dataclass
+class Hyper:
+  """Per-replica hyperparameters, all arrays (stack along a leading axis to vmap replicas)."""
+  learning_rate: jax.Array   # float32 [], peak learning rate
+  weight_decay: jax.Array    # float32 []
+  permutation_O: jax.Array   # int32 [|O|]; training objects are permutation_O[:num_train]
+  num_train: jax.Array       # int32 []; == |O| means no held-out set (coverage 1)
+  key: jax.Array             # uint32 [2], the replica's root PRNG key
+
+
+def make_hyper(split, *, seed, learning_rate, weight_decay):
+  """Hyper of one replica from its coverage split, seed and optimiser settings (numpy arrays)."""
+  check_hyper(learning_rate=learning_rate, weight_decay=weight_decay)
+  return Hyper(
+      learning_rate=np.float32(learning_rate), weight_decay=np.float32(weight_decay),
+      permutation_O=np.asarray(split.permutation, np.int32),
+      num_train=np.int32(split.num_train),
+      key=np.asarray(jax.random.key_data(jax.random.key(int(seed))), np.uint32))
+
+
+def hyper_from_config(config, spec):
+  """(Hyper, CoverageSplit) of the run described by `config` (SPEC §2 split)."""
+  seed = _int(config, "seed", 0)
+  split_seed = _int(config, "split_seed", -1)
+  split = world.coverage_split(spec.space, _field(config, "coverage"),
+                               seed if split_seed < 0 else split_seed)
+  hyper = make_hyper(split, seed=seed,
+                     learning_rate=_field(config, "optimizer.learning_rate"),
+                     weight_decay=_field(config, "optimizer.weight_decay"))
+  return hyper, split
+
+
+# --------------------------------------------------------------------------------------------
+# Optimiser
+
+
+def learning_rate_multiplier(step, num_steps, warmup_steps):
+  """SPEC §6: linear warm-up from 0 over `warmup_steps`, then linear decay to 0 at `num_steps`.
+
+  The update at step t uses multiplier(t), so the very first update has learning rate 0.
+  """
+  step = jnp.asarray(step, jnp.float32)
+  warmup = step / max(warmup_steps, 1)
+  decay = jnp.maximum(0.0, (num_steps - step) / max(num_steps - warmup_steps, 1))
+  return jnp.where(step < warmup_steps, warmup, decay)
+
+
+def make_optimizer(spec, learning_rate, weight_decay):
+  """AdamW (decoupled decay on every parameter, τ included) with the SPEC §6 schedule.
+
+  `learning_rate` (peak) and `weight_decay` may be traced per-replica arrays: the optimiser
+  state holds neither, so its structure is the same for every replica.
+  """
+  def schedule(count):
+    return learning_rate * learning_rate_multiplier(count, spec.num_steps, spec.warmup_steps)
+  return optax.adamw(schedule, b1=spec.adam_b1, b2=spec.adam_b2, eps=spec.adam_eps,
+                     weight_decay=weight_decay)
+
+
+# --------------------------------------------------------------------------------------------
+# Pure per-replica functions
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array        # int32 [], number of updates done
+  params: dict
+  opt_state: optax.OptState
+  key: jax.Array         # the replica's training-data stream
+
+
+def _streams(key):
+  return tuple(jax.random.fold_in(key, s) for s in (INIT_STREAM, DATA_STREAM, EVAL_STREAM))
+
+
+def eval_key(key, step):
+  """Key of the evaluation after `step` updates, from a replica's root key (vmappable)."""
+  return jax.random.fold_in(_streams(key)[EVAL_STREAM], step)
+
+
+def init(key, spec, hyper):
+  """Fresh TrainState of one replica from its root key (usually hyper.key)."""
+  init_key, data_key, _ = _streams(key)
+  params = models.init_params(init_key, spec.model)
+  opt_state = make_optimizer(spec, hyper.learning_rate, hyper.weight_decay).init(params)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
+                    key=data_key)
+
+
+def _sample(key, permutation_O, num_train, spec, sampler, split):
+  return scenes.sample_batch(key, permutation_O, num_train, space=spec.space, sampler=sampler,
+                             split=split)
+
+
+def forward(params, batch, config, cap):
+  """Losses, logits and per-row correctness of both query sets for one SceneBatch."""
+  model = models.DualEncoder(config)
+  variables = {"params": params}
+  z_BxD = model.apply(variables, batch.scene_tokens_BxL, method=models.DualEncoder.encode_scenes)
+  num_concept = batch.concept_query_tokens_QcxLq.shape[0]
+  # One query-tower call for both query sets (towers treat sequences independently).
+  queries_QxL = jnp.concatenate([batch.concept_query_tokens_QcxLq,
+                                 batch.object_query_tokens_QoxLq])
+  q_QxD = model.apply(variables, queries_QxL, method=models.DualEncoder.encode_queries)
+  logits_BxQ = models.similarity_logits(config, params["tau"], z_BxD, q_QxD, cap)
+  out = {}
+  for name, logits, labels, query_mask, active in (
+      ("concept", logits_BxQ[:, :num_concept], batch.concept_labels_BxQc,
+       batch.concept_query_mask_Qc, batch.concept_active_B),
+      ("object", logits_BxQ[:, num_concept:], batch.object_labels_BxQo,
+       batch.object_query_mask_Qo, batch.object_active_B)):
+    out[f"{name}_loss"] = objectives.soft_cross_entropy(logits, labels, active, query_mask)
+    out[f"{name}_correct_B"] = objectives.set_separation_correct(logits, labels, query_mask)
+    out[f"{name}_active_B"] = active
+  out["loss"] = out["concept_loss"] + out["object_loss"]
+  return out
+
+
+def train_step(state, hyper, spec):
+  """One AdamW step on a fresh training batch drawn from fold_in(state.key, state.step).
+
+  Returns (new_state, metrics) with scalar metrics of this batch (before the update).
+  """
+  batch = _sample(jax.random.fold_in(state.key, state.step), hyper.permutation_O,
+                  hyper.num_train, spec, spec.sampler, "train")
+
+  def loss_fn(params):
+    out = forward(params, batch, spec.model, spec.model.train_logit_cap)
+    return out["loss"], out
+
+  (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  tx = make_optimizer(spec, hyper.learning_rate, hyper.weight_decay)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {
+      "loss": loss,
+      "concept_loss": out["concept_loss"],
+      "object_loss": out["object_loss"],
+      "batch_concept_accuracy": objectives.masked_mean(out["concept_correct_B"],
+                                                       out["concept_active_B"]),
+      "batch_object_accuracy": objectives.masked_mean(out["object_correct_B"],
+                                                      out["object_active_B"]),
+      "learning_rate": hyper.learning_rate * learning_rate_multiplier(
+          state.step, spec.num_steps, spec.warmup_steps),
+      "grad_norm": optax.global_norm(grads),
+      "tau": state.params["tau"],
+  }
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, metrics
+
+
+def _evaluate(params, key, permutation_O, num_train, spec, split):
+  """Metrics over spec.eval_batches fresh batches: mean of per-batch means (SPEC §6)."""
+  k = spec.space.max_objects
+
+  def one_batch(batch_key):
+    batch = _sample(batch_key, permutation_O, num_train, spec, spec.eval_sampler, split)
+    out = forward(params, batch, spec.model, spec.model.eval_logit_cap)
+    result = {"concept_loss": out["concept_loss"], "object_loss": out["object_loss"]}
+    for name in ("concept", "object"):
+      overall, per_count_K, rows_K = objectives.accuracy_by_count(
+          out[f"{name}_correct_B"], out[f"{name}_active_B"], batch.num_objects_B, k)
+      result[f"{name}_accuracy"] = overall
+      result[f"{name}_accuracy_K"] = per_count_K
+      result[f"{name}_rows_K"] = rows_K
+      result[f"{name}_active"] = out[f"{name}_active_B"].mean()
+    return result
+
+  per_batch = jax.lax.map(one_batch, jax.random.split(key, spec.eval_batches))
+  metrics = {}
+  for name in ("concept", "object"):
+    metrics[f"{name}_accuracy"] = per_batch[f"{name}_accuracy"].mean()
+    # By count: mean over the batches that hold scenes of that count.
+    has_rows_NxK = (per_batch[f"{name}_rows_K"] > 0).astype(jnp.float32)
+    per_count_K = ((per_batch[f"{name}_accuracy_K"] * has_rows_NxK).sum(0) /
+                   jnp.maximum(has_rows_NxK.sum(0), 1.0))
+    for count in range(k):
+      metrics[f"{name}_accuracy_{count + 1}obj"] = per_count_K[count]
+    metrics[f"{name}_loss"] = per_batch[f"{name}_loss"].mean()
+    metrics[f"{name}_active_fraction"] = per_batch[f"{name}_active"].mean()
+  metrics["loss"] = metrics["concept_loss"] + metrics["object_loss"]
+  return metrics
+
+
+def eval_step(params, key, hyper, spec):
+  """Held-out and training-object evaluation of one replica (SPEC §6).
+
+  "heldout/…": scenes of held-out objects, queries over all objects. At coverage 1 there is no
+  held-out set: those metrics then come from training-object scenes and
+  "heldout/uses_training_objects" is 1. "train/…": scenes of training objects, same schedule and
+  batch count. Returns a flat dict of float32 scalars.
+  """
+  has_heldout = hyper.num_train < spec.space.num_objects
+  # With num_train = 0 the "test" pool is every object, i.e. the training objects at coverage 1.
+  heldout_num_train = jnp.where(has_heldout, hyper.num_train, 0)
+  heldout_key, train_key = jax.random.split(key)
+  metrics = {}
+  for prefix, k, num_train, split in (("heldout", heldout_key, heldout_num_train, "test"),
+                                      ("train", train_key, hyper.num_train, "train")):
+    for name, value in _evaluate(params, k, hyper.permutation_O, num_train, spec, split).items():
+      metrics[f"{prefix}/{name}"] = value
+  metrics["heldout/uses_training_objects"] = 1.0 - has_heldout.astype(jnp.float32)
+  return metrics
+
+
+def jit_train_step(spec):
+  """train_step(state, hyper) compiled for `spec`, donating the state's buffers."""
+  return jax.jit(lambda state, hyper: train_step(state, hyper, spec), donate_argnums=0)
+
+
+def jit_eval_step(spec):
+  """eval_step(params, key, hyper) compiled for `spec`."""
+  return jax.jit(lambda params, key, hyper: eval_step(params, key, hyper, spec))
+
+
+# --------------------------------------------------------------------------------------------
+# Single-run loop
+
+
+def _to_python(metrics):
+  return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def read_metrics(path):
+  """Rows of a metrics JSONL file (a torn last line, from a killed writer, is skipped)."""
+  rows = []
+  if not os.path.exists(path):
+    return rows
+  with open(path) as f:
+    for line in f:
+      if not line.endswith("\n"):
+        break
+      rows.append(json.loads(line))
+  return rows
+
+
+def _rewrite_rows(path, rows):
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.writelines(json.dumps(row) + "\n" for row in rows)
+  os.replace(tmp, path)
+
+
+def _append_row(f, row):
+  # One write of one whole line, flushed: a kill leaves at most a torn last line.
+  f.write(json.dumps(row) + "\n")
+  f.flush()
+
+
+def _write_json(path, value):
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(value, f, indent=2, sort_keys=True)
+    f.write("\n")
+  os.replace(tmp, path)
+
+
+def _config_dict(config):
+  return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def _check_saved_config(workdir, config_json):
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    saved = json.load(f)
+  if saved != config_json:
+    def flat(d, prefix=""):
+      out = {}
+      for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+      return out
+    a, b = flat(saved), flat(config_json)
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    details = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:8])
+    raise ValueError(f"workdir {workdir} holds a run with a different config ({details}); "
+                     "use a new --workdir")
+
+
+def run_training(config, workdir, *, progress=True, log=print):
+  """Trains one dual encoder; resumes from the latest checkpoint in `workdir` if there is one.
+
+  Writes workdir/config.json, split.npz, metrics.jsonl (one row per log/eval step: "step",
+  training metrics of that step, and at evaluation steps the eval_step metrics) and
+  checkpoints/{latest,best}. Rows after the restored step are dropped on resume, so a killed
+  and restarted run produces the same rows as an uninterrupted one. Returns the final row.
+  """
+  from tqdm import tqdm
+  from bindjax import checkpoint
+
+  spec = RunSpec.from_config(config)
+  hyper, split = hyper_from_config(config, spec)
+  config_json = _config_dict(config)
+  workdir = os.path.abspath(os.fspath(workdir))
+  os.makedirs(workdir, exist_ok=True)
+  _check_saved_config(workdir, config_json)
+  _write_json(os.path.join(workdir, CONFIG_FILE), config_json)
+  split.save(os.path.join(workdir, SPLIT_FILE), spec.space)
+
+  log_every = int(config.log_every)
+  checkpoint_every = int(config.checkpoint.every)
+  hyper = jax.device_put(hyper)
+  ckpt = checkpoint.Checkpoints(os.path.join(workdir, CHECKPOINT_DIR),
+                                keep=int(config.checkpoint.keep),
+                                keep_best=int(config.checkpoint.keep_best))
+  try:
+    t0 = time.perf_counter()
+    state = jax.jit(lambda h: init(h.key, spec, h))(hyper)
+    restored = ckpt.restore(state)
+    metrics_path = os.path.join(workdir, METRICS_FILE)
+    start = 0
+    if restored is not None:
+      start, state, _ = restored
+      log(f"resumed from the checkpoint at step {start} in {ckpt.directory}")
+    rows = [row for row in read_metrics(metrics_path) if row["step"] <= start]
+    _rewrite_rows(metrics_path, rows)
+    ckpt.prune_after(start)
+    # The best value so far is the one of the kept rows (the best checkpoint may be pruned).
+    evals = [row[BEST_METRIC] for row in rows if BEST_METRIC in row]
+    ckpt.best_value = max(evals) if evals else None
+
+    train_fn = jit_train_step(spec).lower(state, hyper).compile()
+    eval_fn = jit_eval_step(spec).lower(state.params, eval_key(hyper.key, 0), hyper).compile()
+    log(f"compiled train_step and eval_step in {time.perf_counter() - t0:.1f} s "
+        f"({models.count_parameters(state.params):,} parameters, |O| = "
+        f"{spec.space.num_objects}, {split.num_train} training objects)")
+    final = rows[-1] if rows and rows[-1]["step"] == spec.num_steps else None
+
+    bar = tqdm(total=spec.num_steps, initial=start, unit="step", dynamic_ncols=True,
+               disable=not progress, file=sys.stderr, mininterval=1.0)
+    with open(metrics_path, "a") as metrics_file:
+      for step in range(start, spec.num_steps):
+        state, train_metrics = train_fn(state, hyper)
+        done = step + 1
+        is_eval = done % spec.eval_every == 0 or done == spec.num_steps
+        if is_eval or done % log_every == 0 or done % checkpoint_every == 0:
+          row = {"step": done, **_to_python(train_metrics)}
+          if is_eval:
+            row.update(_to_python(eval_fn(state.params, eval_key(hyper.key, done), hyper)))
+          if not all(math.isfinite(v) for k, v in row.items() if k != "step"):
+            bar.close()
+            raise FloatingPointError(f"non-finite metrics at step {done}: {row}")
+          _append_row(metrics_file, row)
+          if is_eval:
+            ckpt.save_best(done, state, row[BEST_METRIC], {"step": done})
+            bar.set_postfix(loss=f"{row['loss']:.3f}",
+                            heldout_obj=f"{row['heldout/object_accuracy']:.3f}",
+                            train_obj=f"{row['train/object_accuracy']:.3f}", refresh=False)
+          final = row
+        if done % checkpoint_every == 0 or done == spec.num_steps:
+          ckpt.save(done, state, {"step": done})
+        bar.update(1)
+      bar.close()
+    ckpt.wait()
+  finally:
+    ckpt.close()
+  return final

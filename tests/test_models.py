@@ -1,0 +1,290 @@
+"""Towers and dual encoder (SPEC §4, §5): shapes, init, masks, read-out, similarities, errors."""
+import dataclasses
+import math
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bindjax import models
+
+# Tiny world: C=2, V=4 -> concept tokens 0..7, SOO 8, EOO 9, EOS 10, PAD 11; K=2.
+SOO, EOO, EOS, PAD = 8, 9, 10, 11
+TINY = models.ModelConfig(vocab_size=12, pad_token=PAD, scene_length=9, query_length=5,
+                          d_model=16, num_heads=2, num_layers=2, d_ff=32, d_out=8)
+SCENES = np.array([[SOO, 0, 4, EOO, EOS, PAD, PAD, PAD, PAD],
+                   [SOO, 1, 5, EOO, SOO, 2, 7, EOO, EOS],
+                   [SOO, 3, 6, EOO, SOO, 3, 6, EOO, EOS]], np.int32)
+QUERIES = np.array([[0, EOS, PAD, PAD, PAD], [5, EOS, PAD, PAD, PAD],
+                    [SOO, 1, 5, EOO, EOS], [SOO, 3, 4, EOO, EOS]], np.int32)
+
+
+def _apply(config, params, tokens, method):
+  model = models.DualEncoder(config)
+  return model.apply({"params": params}, jnp.asarray(tokens), method=method)
+
+
+def _tower(config, params, tokens, max_length=None):
+  tower = models.Tower(config, config.d_out, max_length or tokens.shape[1])
+  return tower.apply({"params": params}, jnp.asarray(tokens))
+
+
+def test_parameter_count_published_config():
+  config = models.ModelConfig(vocab_size=44, pad_token=43, scene_length=9, query_length=5)
+  shapes = jax.eval_shape(lambda k: models.init_params(k, config), jax.random.key(0))
+  assert models.count_parameters(shapes["scene_tower"]) == 7_918_144
+  assert models.count_parameters(shapes["query_tower"]) == 7_918_144
+  assert shapes["tau"].shape == ()
+  dot = dataclasses.replace(config, similarity="dot")
+  shapes = jax.eval_shape(lambda k: models.init_params(k, dot), jax.random.key(0))
+  assert models.count_parameters(shapes["query_tower"]) == 7_918_144 + 256 + 1
+
+
+def test_for_space_reads_the_space():
+  space = types.SimpleNamespace(vocab_size=44, pad_token=43, scene_length=9, query_length=5)
+  config = models.ModelConfig.for_space(space, d_model=32, similarity="dot")
+  assert (config.vocab_size, config.pad_token, config.scene_length, config.query_length) == (
+      44, 43, 9, 5)
+  assert config.d_model == 32 and config.similarity == "dot"
+  assert hash(config) == hash(models.ModelConfig.for_space(space, d_model=32, similarity="dot"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(num_heads=3), "num_heads=3: expected a divisor of d_model=16"),
+    (dict(d_out=0), "d_out=0"),
+    (dict(variant="post_ln"), "variant='post_ln'"),
+    (dict(similarity="l2"), "similarity='l2'"),
+    (dict(compute_dtype="float16"), "compute_dtype='float16'"),
+    (dict(pad_token=12), "pad_token=12"),
+    (dict(num_layers=0), "num_layers=0"),
+    (dict(d_model=2.5), "d_model=2.5"),
+    (dict(num_heads=True), "num_heads=True"),
+    (dict(d_model=15, num_heads=1), "d_model=15"),
+    (dict(train_logit_cap=0.0), "train_logit_cap=0.0"),
+    (dict(tau_init=float("nan")), "tau_init=nan"),
+])
+def test_invalid_configs_raise_before_compiling(overrides, message):
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    dataclasses.replace(TINY, **overrides)
+
+
+def test_odd_width_is_fine_for_clip():
+  models.ModelConfig(**{**dataclasses.asdict(TINY), "d_model": 15, "num_heads": 3,
+                        "variant": "clip"})
+
+
+def _stats_config(variant):
+  return models.ModelConfig(vocab_size=300, pad_token=299, scene_length=9, query_length=5,
+                            d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=64,
+                            variant=variant)
+
+
+def _check_uniform(x, limit):
+  x = np.asarray(x)
+  assert np.abs(x).max() <= limit
+  np.testing.assert_allclose(x.std(), limit / math.sqrt(3), rtol=0.05)
+  assert abs(x.mean()) < 0.05 * limit
+
+
+def test_pre_ln_init_statistics():
+  config = _stats_config("pre_ln")
+  tower = models.init_params(jax.random.key(1), config)["scene_tower"]
+  d, f = 64, 256
+  xavier = lambda fan_in, fan_out: math.sqrt(6 / (fan_in + fan_out))
+  _check_uniform(tower["embed"]["embedding"], xavier(300, d))
+  block = tower["block_0"]
+  assert block["attn"]["qkv"]["kernel"].shape == (d, 3 * d)
+  # One Xavier matrix over [3d, d], not three [d, d] ones.
+  _check_uniform(block["attn"]["qkv"]["kernel"], xavier(d, 3 * d))
+  _check_uniform(block["attn"]["out"]["kernel"], xavier(d, d))
+  _check_uniform(block["mlp"]["fc1"]["kernel"], xavier(d, f))
+  _check_uniform(block["mlp"]["fc2"]["kernel"], xavier(f, d))
+  _check_uniform(tower["proj"]["kernel"], xavier(d, 64))
+  np.testing.assert_array_equal(block["attn"]["qkv"]["bias"], 0.0)
+  np.testing.assert_array_equal(block["attn"]["out"]["bias"], 0.0)
+  np.testing.assert_array_equal(block["attn_norm"]["scale"], 1.0)
+  np.testing.assert_array_equal(block["mlp_norm"]["bias"], 0.0)
+  # Other biases: PyTorch's Linear default U(±1/sqrt(fan_in)).
+  assert np.abs(block["mlp"]["fc1"]["bias"]).max() <= 1 / math.sqrt(d)
+  assert np.abs(block["mlp"]["fc2"]["bias"]).max() <= 1 / math.sqrt(f)
+  assert np.abs(block["mlp"]["fc2"]["bias"]).max() > 0.5 / math.sqrt(f)
+  assert "pos_embedding" not in tower and "final_norm" not in tower
+
+
+def test_clip_init_statistics():
+  config = _stats_config("clip")
+  tower = models.init_params(jax.random.key(2), config)["scene_tower"]
+  d, n = 64, 2
+  std = lambda x: float(np.asarray(x).std())
+  assert std(tower["embed"]["embedding"]) == pytest.approx(0.02, rel=0.05)
+  assert tower["pos_embedding"].shape == (9, d)
+  assert std(tower["pos_embedding"]) == pytest.approx(0.01, rel=0.2)
+  block = tower["block_1"]
+  assert std(block["attn"]["qkv"]["kernel"]) == pytest.approx(d ** -0.5, rel=0.05)
+  assert std(block["attn"]["out"]["kernel"]) == pytest.approx(d ** -0.5 * (2 * n) ** -0.5,
+                                                              rel=0.05)
+  assert block["mlp"]["fc1"]["kernel"].shape == (d, 4 * d)
+  assert std(block["mlp"]["fc1"]["kernel"]) == pytest.approx((2 * d) ** -0.5, rel=0.05)
+  assert std(block["mlp"]["fc2"]["kernel"]) == pytest.approx(d ** -0.5 * (2 * n) ** -0.5,
+                                                             rel=0.05)
+  assert std(tower["proj"]["kernel"]) == pytest.approx(d ** -0.5, rel=0.05)
+  assert "bias" not in tower["proj"]
+  np.testing.assert_array_equal(tower["final_norm"]["scale"], 1.0)
+
+
+def test_sinusoidal_positions():
+  pe = models.sinusoidal_positions(7, 6)
+  p, i = 5, 2
+  assert pe[p, 2 * i] == pytest.approx(math.sin(p * 10000 ** (-2 * i / 6)))
+  assert pe[p, 2 * i + 1] == pytest.approx(math.cos(p * 10000 ** (-2 * i / 6)))
+  np.testing.assert_array_equal(pe[0, 1::2], 1.0)
+
+
+def test_eos_positions():
+  np.testing.assert_array_equal(models.eos_positions(jnp.asarray(SCENES), PAD), [4, 8, 8])
+
+
+@pytest.mark.parametrize("variant", ["pre_ln", "clip"])
+def test_output_ignores_padding(variant):
+  config = dataclasses.replace(TINY, variant=variant, scene_length=12)
+  params = models.init_params(jax.random.key(3), config)["scene_tower"]
+  z = _tower(config, params, SCENES, max_length=12)
+  # Longer padding, shorter padding: same read-out.
+  longer = np.concatenate([SCENES, np.full((3, 3), PAD, np.int32)], axis=1)
+  np.testing.assert_allclose(_tower(config, params, longer, 12), z, atol=1e-5)
+  np.testing.assert_allclose(_tower(config, params, SCENES[:1, :5], 12), z[:1], atol=1e-5)
+  # The PAD embedding never reaches the output (padding keys are masked).
+  moved = jax.tree.map(lambda x: x, params)
+  moved["embed"]["embedding"] = params["embed"]["embedding"].at[PAD].add(5.0)
+  np.testing.assert_allclose(_tower(config, moved, SCENES, 12), z, atol=1e-5)
+  # ... while a real token's embedding does.
+  moved["embed"]["embedding"] = params["embed"]["embedding"].at[EOS].add(5.0)
+  assert not np.allclose(_tower(config, moved, SCENES, 12), z, atol=1e-3)
+
+
+def test_padding_mask_matters_without_it():
+  # Same tokens but PAD renamed to a real token id: outputs change, so the mask is what hides it.
+  config = TINY
+  params = models.init_params(jax.random.key(4), config)["scene_tower"]
+  z = _tower(config, params, SCENES[:1])
+  unmasked = dataclasses.replace(config, pad_token=0)
+  z_unmasked = _tower(unmasked, params, np.where(SCENES[:1] == PAD, PAD, SCENES[:1]))
+  assert not np.allclose(z, z_unmasked, atol=1e-3)
+
+
+@pytest.mark.parametrize("variant, causal", [("clip", True), ("pre_ln", False)])
+def test_causal_mask_only_in_clip(variant, causal):
+  config = dataclasses.replace(TINY, variant=variant)
+  block = models.Block(config)
+  x = jax.random.normal(jax.random.key(5), (2, 6, 16))
+  valid = jnp.ones((2, 6), bool)
+  params = block.init(jax.random.key(6), x, valid)
+  y = block.apply(params, x, valid)
+  y_changed = block.apply(params, x.at[:, 4:].add(1.0), valid)
+  assert np.allclose(y[:, :4], y_changed[:, :4], atol=1e-6) == causal
+  assert not np.allclose(y[:, 4:], y_changed[:, 4:], atol=1e-3)
+
+
+@pytest.mark.parametrize("variant", ["pre_ln", "clip"])
+def test_readout_block_equals_full_block_row(variant):
+  config = dataclasses.replace(TINY, variant=variant)
+  block = models.Block(config)
+  x = jax.random.normal(jax.random.key(7), (3, 9, 16))
+  valid = jnp.asarray(SCENES != PAD)
+  eos = models.eos_positions(jnp.asarray(SCENES), PAD)
+  params = block.init(jax.random.key(8), x, valid)
+  full = block.apply(params, x, valid)
+  row = block.apply(params, x, valid, eos)
+  np.testing.assert_allclose(row, full[jnp.arange(3), eos], atol=1e-5)
+
+
+def test_dual_encoder_shapes_and_cosine_logits():
+  params = models.init_params(jax.random.key(9), TINY)
+  assert set(params) == {"scene_tower", "query_tower", "tau"}
+  assert float(params["tau"]) == pytest.approx(1.15)
+  z = _apply(TINY, params, SCENES, models.DualEncoder.encode_scenes)
+  q = _apply(TINY, params, QUERIES, models.DualEncoder.encode_queries)
+  assert z.shape == (3, 8) and q.shape == (4, 8) and z.dtype == jnp.float32
+  model = models.DualEncoder(TINY)
+  logits = model.apply({"params": params}, z, q, 10.0, method=models.DualEncoder.logits)
+  zn = np.asarray(z) / (1e-6 + np.linalg.norm(z, axis=-1, keepdims=True))
+  qn = np.asarray(q) / (1e-6 + np.linalg.norm(q, axis=-1, keepdims=True))
+  np.testing.assert_allclose(logits, math.exp(1.15) * zn @ qn.T, rtol=1e-5)
+  # __call__ gives both towers.
+  z2, q2 = model.apply({"params": params}, jnp.asarray(SCENES), jnp.asarray(QUERIES))
+  np.testing.assert_allclose(z2, z, atol=1e-6)
+  np.testing.assert_allclose(q2, q, atol=1e-6)
+
+
+def test_tau_cap():
+  params = models.init_params(jax.random.key(10), TINY)
+  params = {**params, "tau": jnp.float32(math.log(50.0))}
+  model = models.DualEncoder(TINY)
+  z = jnp.array([[1.0, 0, 0, 0, 0, 0, 0, 0]])
+  q = jnp.array([[2.0, 0, 0, 0, 0, 0, 0, 0], [0, 3.0, 0, 0, 0, 0, 0, 0]])
+  logit = lambda cap: model.apply({"params": params}, z, q, cap, method=models.DualEncoder.logits)
+  np.testing.assert_allclose(logit(TINY.train_logit_cap), [[10.0, 0.0]], rtol=1e-5)
+  np.testing.assert_allclose(logit(TINY.eval_logit_cap), [[50.0, 0.0]], rtol=1e-5)
+
+
+def test_dot_similarity_uses_last_query_feature_as_bias():
+  config = dataclasses.replace(TINY, similarity="dot")
+  params = models.init_params(jax.random.key(11), config)
+  q = _apply(config, params, QUERIES, models.DualEncoder.encode_queries)
+  z = _apply(config, params, SCENES, models.DualEncoder.encode_scenes)
+  assert q.shape == (4, 9) and z.shape == (3, 8)
+  model = models.DualEncoder(config)
+  logits = model.apply({"params": params}, z, q, 10.0, method=models.DualEncoder.logits)
+  np.testing.assert_allclose(logits, np.asarray(z) @ np.asarray(q)[:, :8].T + np.asarray(q)[:, 8],
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_jit_vmap_over_replicas_and_gradients():
+  config = TINY
+  keys = jax.random.split(jax.random.key(12), 2)
+  params_R = jax.vmap(lambda k: models.init_params(k, config))(keys)
+  model = models.DualEncoder(config)
+
+  def loss(params):
+    z, q = model.apply({"params": params}, jnp.asarray(SCENES), jnp.asarray(QUERIES))
+    return model.apply({"params": params}, z, q, 10.0, method=models.DualEncoder.logits).sum()
+
+  grads_R = jax.jit(jax.vmap(jax.grad(loss)))(params_R)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads_R))
+  assert float(jnp.abs(grads_R["tau"]).min()) > 0
+  # Replica 1 equals running replica 1 alone.
+  one = jax.tree.map(lambda x: x[1], params_R)
+  np.testing.assert_allclose(jax.tree.leaves(jax.grad(loss)(one))[0],
+                             jax.tree.leaves(grads_R)[0][1], rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_outputs():
+  config = dataclasses.replace(TINY, compute_dtype="bfloat16")
+  params = models.init_params(jax.random.key(13), config)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  z = _apply(config, params, SCENES, models.DualEncoder.encode_scenes)
+  z32 = _apply(TINY, params, SCENES, models.DualEncoder.encode_scenes)
+  assert z.dtype == jnp.float32
+  np.testing.assert_allclose(z, z32, atol=0.1, rtol=0.05)
+
+
+def test_too_long_input_is_rejected():
+  config = dataclasses.replace(TINY, variant="clip")
+  params = models.init_params(jax.random.key(14), config)
+  with pytest.raises(ValueError, match="exceeds max_length=5"):
+    _apply(config, params, SCENES, models.DualEncoder.encode_queries)
+
+
+def test_tower_flops_matches_compiled_cost():
+  config = models.ModelConfig(vocab_size=12, pad_token=PAD, scene_length=9, query_length=5,
+                              d_model=64, num_heads=4, num_layers=3, d_ff=256, d_out=8)
+  params = models.init_params(jax.random.key(15), config)
+  tokens = jnp.asarray(np.repeat(SCENES, 20, axis=0))
+  compiled = jax.jit(lambda p, t: models.DualEncoder(config).apply(
+      {"params": p}, t, method=models.DualEncoder.encode_scenes)).lower(params, tokens).compile()
+  flops = compiled.cost_analysis()["flops"]
+  expected = models.tower_flops(config, 60, 9)
+  # XLA also counts elementwise work (norms, GELU, softmax): a few percent on top.
+  assert expected <= flops <= 1.25 * expected

@@ -1,0 +1,119 @@
+"""Tests of bindjax.parallel on the 8 fake CPU devices from conftest."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+from bindjax import parallel
+
+
+def test_make_mesh_axes_and_types():
+  mesh = parallel.make_mesh()
+  assert mesh.axis_names == ("replica", "data")
+  assert dict(mesh.shape) == {"replica": jax.device_count(), "data": 1}
+  assert all(t == AxisType.Auto for t in mesh.axis_types)
+  mesh = parallel.make_mesh(num_data=2)
+  assert dict(mesh.shape) == {"replica": jax.device_count() // 2, "data": 2}
+  with pytest.raises(ValueError, match="num_data=3"):
+    parallel.make_mesh(num_data=3)
+
+
+def test_pad_to_multiple_repeats_last_replica():
+  tree = {"a": np.arange(5, dtype=np.float32), "b": np.arange(10).reshape(5, 2)}
+  padded, valid = parallel.pad_to_multiple(tree, 4)
+  assert padded["a"].shape == (8,) and padded["b"].shape == (8, 2)
+  np.testing.assert_array_equal(valid, [1, 1, 1, 1, 1, 0, 0, 0])
+  np.testing.assert_array_equal(padded["a"][5:], [4, 4, 4])
+  np.testing.assert_array_equal(padded["b"][7], [8, 9])
+  same, valid = parallel.pad_to_multiple({"a": jnp.ones(8)}, 4)
+  assert same["a"].shape == (8,) and valid.all()
+  with pytest.raises(ValueError, match="leading"):
+    parallel.pad_to_multiple({"a": np.ones(3), "b": np.ones(4)}, 2)
+
+
+def test_shard_replicas_places_rows_on_devices():
+  mesh = parallel.make_mesh()
+  x = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)
+  y = parallel.shard_replicas({"x": x}, mesh)["x"]
+  assert y.sharding.spec == jax.sharding.PartitionSpec("replica")
+  assert len(y.addressable_shards) == 8
+  assert y.addressable_shards[1].data.shape == (2, 3)
+  np.testing.assert_array_equal(parallel.to_host(y), x)
+  # Eager indexing works because the mesh axes are Auto, not Explicit.
+  np.testing.assert_array_equal(np.asarray(y[3]), x[3])
+  with pytest.raises(ValueError, match="divisible"):
+    parallel.shard_replicas(np.ones((6, 2)), mesh)
+
+
+def _step(w, x):
+  h = jnp.tanh(x @ w)
+  return {"out": h.sum(), "w": w * 0.5 + h.mean()}
+
+
+@pytest.mark.parametrize("chunk_size,num_shards", [(None, 1), (2, 1), (3, 1), (8, 8), (16, 8)])
+def test_chunked_vmap_matches_vmap(chunk_size, num_shards):
+  mesh = parallel.make_mesh()
+  rng = np.random.default_rng(0)
+  w = rng.normal(size=(32, 4, 4)).astype(np.float32)
+  x = rng.normal(size=(32, 5, 4)).astype(np.float32)
+  w_s, x_s = parallel.shard_replicas((w, x), mesh)
+  expected = jax.jit(jax.vmap(_step))(w, x)
+  fn = parallel.chunked_vmap(_step, chunk_size, num_shards=num_shards)
+  got = jax.jit(fn)(w_s, x_s)
+  for key in expected:
+    np.testing.assert_allclose(parallel.to_host(got[key]), np.asarray(expected[key]),
+                               rtol=1e-5, atol=1e-6)
+  assert got["w"].shape == (32, 4, 4)
+
+
+def test_chunked_vmap_actually_chunks():
+  calls = []
+
+  def f(x):
+    calls.append(x.shape)
+    return x * 2
+
+  out = jax.jit(parallel.chunked_vmap(f, chunk_size=4, num_shards=2))(jnp.arange(16.0))
+  np.testing.assert_array_equal(out, np.arange(16.0) * 2)
+  assert calls == [()]  # traced once, inside lax.map's body
+  jaxpr = jax.make_jaxpr(parallel.chunked_vmap(f, chunk_size=4, num_shards=2))(jnp.arange(16.0))
+  assert "scan" in str(jaxpr) and "length=4" in str(jaxpr)
+  with pytest.raises(ValueError, match="chunk_size=0"):
+    parallel.chunked_vmap(f, chunk_size=0)
+
+
+def test_choose_chunk_size():
+  gib = 1 << 30
+  assert parallel.choose_chunk_size(gib, 4, memory_bytes=10 * gib, memory_fraction=1.0) is None
+  assert parallel.choose_chunk_size(gib, 64, memory_bytes=10 * gib, memory_fraction=1.0,
+                                    num_shards=2) == 20
+  assert parallel.choose_chunk_size(gib, 64, memory_bytes=10 * gib, memory_fraction=1.0,
+                                    fixed_bytes=9.5 * gib) == 1
+  assert parallel.device_memory_bytes() > 0
+
+
+def test_detect_cluster():
+  assert parallel.detect_cluster({}) is None
+  assert parallel.detect_cluster({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "1"}) is None
+  assert parallel.detect_cluster({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4"}) == "slurm"
+  assert parallel.detect_cluster({"TPU_WORKER_HOSTNAMES": "10.0.0.1"}) is None
+  assert parallel.detect_cluster({"TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2"}) == "tpu_pod"
+  assert parallel.detect_cluster({"JAX_COORDINATOR_ADDRESS": "h:1234"}) == "env"
+
+
+def test_maybe_initialize_distributed_single_host():
+  assert parallel.maybe_initialize_distributed(environ={}) is False
+  with pytest.raises(ValueError, match="all three"):
+    parallel.maybe_initialize_distributed(coordinator_address="127.0.0.1:1234")
+  assert parallel.is_writer()
+
+
+def test_write_atomic(tmp_path):
+  path = tmp_path / "sub" / "f.json"
+  parallel.write_atomic(path, "one")
+  parallel.write_atomic(path, b"two")
+  assert path.read_text() == "two"
+  assert os.listdir(path.parent) == ["f.json"]

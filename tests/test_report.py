@@ -1,0 +1,102 @@
+"""Report on synthetic sweep rows: planted critical coverages are recovered."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bindjax import report
+from bindjax.commands import report as report_command
+
+PLANTED = {(2, 20): 0.5, (2, 50): 0.32, (3, 50): 0.3}
+COVERAGES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+
+
+def _rows(planted=PLANTED, seeds=(0, 1, 2), noise=0.03, steps=(100, 200)):
+  rng = np.random.default_rng(0)
+  rows, replica = [], 0
+  for (c, v), rho in planted.items():
+    for coverage in COVERAGES:
+      for seed in seeds:
+        shift = rng.normal(0, 0.01)
+        for step in steps:
+          late = step == steps[-1]
+          acc = 1 / (1 + np.exp(-25 * (coverage - rho - shift)))
+          acc = float(np.clip(acc * (1.0 if late else 0.8) + rng.normal(0, noise), 0, 1))
+          rows.append({"kind": "eval", "replica": replica, "C": c, "V": v, "K": 2,
+                       "space_size": v ** c, "model": "tiny", "learning_rate": 3e-4,
+                       "weight_decay": 0.1, "coverage": coverage, "seed": seed, "step": step,
+                       "heldout/object_accuracy": acc, "heldout/object_accuracy_2obj": acc,
+                       "heldout/object_accuracy_1obj": min(1.0, acc + 0.3),
+                       "heldout/concept_accuracy": 0.95})
+        replica += 1
+  return rows
+
+
+def _write(workdir, rows, torn=False):
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "results.jsonl"), "w") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+    if torn:
+      f.write('{"kind": "eval", "repl')
+
+
+def test_logistic_fit_recovers_crossing():
+  x = np.repeat(COVERAGES, 3)
+  y = 1 / (1 + np.exp(-30 * (x - 0.37)))
+  fit = report.fit_logistic(x, y)
+  assert fit["status"] == "fit" and abs(fit["rho_star"] - 0.37) < 0.005
+  assert report.fit_logistic(x, np.zeros_like(x))["status"] == "below"
+  assert report.fit_logistic(x, np.ones_like(x))["status"] == "above"
+  assert report.fit_logistic([0.5, 0.5], [0.1, 0.9])["status"] == "too_few"
+
+
+def test_scaling_laws():
+  sizes = np.array([400, 2500, 125000])
+  laws = report.fit_scaling_laws(sizes, 0.9 * sizes ** -0.1)
+  assert abs(laws["power_law"]["b"] + 0.1) < 1e-6 and abs(laws["power_law"]["a"] - 0.9) < 1e-6
+  assert laws["best"] == "power_law" and laws["power_law"]["r2"] > 0.999
+  assert report.fit_scaling_laws([400, 2500], [0.5, 0.3]) is None
+
+
+def test_select_best_and_final():
+  rows = _rows(planted={(2, 20): 0.5}, seeds=(0,))
+  best = report.select_evaluations(rows, "best")
+  final = report.select_evaluations(rows, "final")
+  assert len(best) == len(final) == len(COVERAGES)
+  assert all(r["step"] == 200 for r in final)
+  with pytest.raises(ValueError, match="step='last'"):
+    report.select_evaluations(rows, "last")
+
+
+def test_report_recovers_planted_rho_star(tmp_path, capsys):
+  workdir = str(tmp_path / "sweep")
+  rows = _rows()
+  rows.append({"kind": "train", "replica": 0, "step": 150, "diverged": True})
+  _write(workdir, rows, torn=True)
+  assert report_command.main(["bindjax report", f"--workdir={workdir}", "--bootstrap=100"]) == 0
+  out_dir = os.path.join(workdir, "report")
+  for name in ("phase_transition.png", "phase_transition.pdf", "critical_coverage.md",
+               "critical_coverage.json", "points.json"):
+    assert os.path.getsize(os.path.join(out_dir, name)) > 0, name
+  summary = json.load(open(os.path.join(out_dir, "critical_coverage.json")))
+  assert summary["num_replicas"] == 3 * 9 * 3 and summary["num_diverged"] == 1
+  table = {(r["C"], r["V"]): r for r in summary["critical_coverage"]}
+  for key, rho in PLANTED.items():
+    assert table[key]["status"] == "fit"
+    assert abs(table[key]["rho_star"] - rho) < 0.03, (key, table[key])
+    low, high = table[key]["interval"]
+    assert low - 0.02 <= rho <= high + 0.02
+  assert [r["space_size"] for r in summary["critical_coverage"]] == [400, 2500, 125000]
+  law = summary["scaling_law"]
+  assert law is not None and law["power_law"]["b"] < 0
+  md = open(os.path.join(out_dir, "critical_coverage.md")).read()
+  assert "125,000" in md and "Scaling law" in md
+  assert "rho* = 0.5" in capsys.readouterr().out
+
+
+def test_report_without_results_is_a_usage_error(tmp_path):
+  with pytest.raises(SystemExit) as e:
+    report_command.main(["bindjax report", f"--workdir={tmp_path}"])
+  assert e.value.code == 2

@@ -1,0 +1,285 @@
+"""Tests for bindjax.scenes: every batch is checked against a brute-force numpy recomputation."""
+import functools
+
+import chex
+import hypothesis
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bindjax import scenes
+from bindjax import world
+
+# A few static configurations (each compiles once), covering: the published shape scaled down,
+# per-concept values, positives capped below the distinct count, built negatives, more candidate
+# slots than objects (compaction), K=1 (no swaps) and the "differing" swap mode.
+CONFIGS = {
+    "c2v20k2": (world.ObjectSpace.uniform(2, 20, 2), scenes.SamplerConfig(48), 0.8),
+    "per_concept": (world.ObjectSpace((3, 5, 2), 3),
+                    scenes.SamplerConfig(24, max_concept_queries=6, max_positive_queries=8,
+                                         swaps_per_scene=2, built_negatives_per_positive=2), 0.6),
+    "tiny_world": (world.ObjectSpace.uniform(2, 3, 3), scenes.SamplerConfig(16), 0.5),
+    "one_object": (world.ObjectSpace.uniform(3, 4, 1), scenes.SamplerConfig(20), 0.3),
+    "differing": (world.ObjectSpace((2, 3), 2),
+                  scenes.SamplerConfig(32, swap_concepts="differing"), 0.7),
+}
+
+
+@functools.cache
+def _split(name, seed=0):
+  space, _, coverage = CONFIGS[name]
+  return world.coverage_split(space, coverage, seed)
+
+
+def _sample(name, seed, split="train", split_seed=0):
+  space, sampler, _ = CONFIGS[name]
+  tables = _split(name, split_seed)
+  batch = scenes.sample_batch(jax.random.key(seed), tables.permutation, tables.num_train,
+                              space=space, sampler=sampler, split=split)
+  return jax.tree.map(np.asarray, batch), tables
+
+
+def _is_swap_of_scene(query, scene_objects):
+  """query = some object i of the scene with one concept taken from another slot j != i."""
+  n = len(scene_objects)
+  for i in range(n):
+    for j in range(n):
+      if i == j:
+        continue
+      for c in range(len(query)):
+        candidate = scene_objects[i].copy()
+        candidate[c] = scene_objects[j][c]
+        if np.array_equal(candidate, query):
+          return True
+  return False
+
+
+def check_batch(batch, space, sampler, tables, split):
+  """Recomputes everything a batch claims from its decoded scene tokens."""
+  b, k, c = sampler.batch_size, space.max_objects, space.num_concepts
+  qc, qo = sampler.num_concept_queries(space), sampler.num_object_queries(space)
+  assert batch.scene_tokens_BxL.shape == (b, space.scene_length)
+  assert batch.objects_BxKxC.shape == (b, k, c)
+  assert batch.concept_query_tokens_QcxLq.shape == (qc, space.query_length)
+  assert batch.concept_labels_BxQc.shape == (b, qc)
+  assert batch.object_query_tokens_QoxLq.shape == (qo, space.query_length)
+  assert batch.object_labels_BxQo.shape == (b, qo)
+  assert batch.concept_labels_BxQc.dtype == np.float32
+  assert batch.object_labels_BxQo.dtype == np.float32
+  allowed = set((tables.train_ids if split == "train" else tables.heldout_ids).tolist())
+
+  scene_ids = []
+  for row in range(b):
+    n = batch.num_objects_B[row]
+    assert 1 <= n <= k
+    decoded = space.decode_scene(batch.scene_tokens_BxL[row])
+    np.testing.assert_array_equal(decoded, batch.objects_BxKxC[row, :n])
+    assert (batch.objects_BxKxC[row, n:] == -1).all()
+    np.testing.assert_array_equal(batch.object_mask_BxK[row], np.arange(k) < n)
+    ids = set(space.object_ids(decoded).tolist())
+    assert ids <= allowed, f"{split} scene holds objects outside its pool: {ids - allowed}"
+    scene_ids.append(ids)
+  batch_ids = set().union(*scene_ids)
+
+  # Concept queries: distinct tokens present in the batch, as many as fit.
+  scene_tokens = [set(t.tolist()) for t in batch.scene_tokens_BxL]
+  present_tokens = {t for ts in scene_tokens for t in ts if t < space.num_concept_tokens}
+  mask = batch.concept_query_mask_Qc
+  query_tokens = batch.concept_query_tokens_QcxLq
+  assert (query_tokens[:, 1] == space.eos_token).all()
+  assert (query_tokens[:, 2:] == space.pad_token).all()
+  assert (query_tokens[:, 0] < space.num_concept_tokens).all()   # padded ones still valid
+  chosen = query_tokens[mask, 0].tolist()
+  assert len(set(chosen)) == len(chosen) and set(chosen) <= present_tokens
+  assert len(chosen) == min(sampler.max_concept_queries, len(present_tokens))
+  expected = np.array([[t in ts for t in query_tokens[:, 0]] for ts in scene_tokens]) & mask
+  np.testing.assert_array_equal(batch.concept_labels_BxQc, expected.astype(np.float32))
+  np.testing.assert_array_equal(batch.concept_active_B, expected.any(-1))
+
+  # Object queries: distinct; positives cover min(P, distinct) batch objects; every other query
+  # is a swap negative of some scene or (only with built negatives) any object.
+  mask = batch.object_query_mask_Qo
+  ids = batch.object_query_ids_Qo
+  assert (ids[~mask] == -1).all()
+  valid_ids = ids[mask].tolist()
+  assert len(set(valid_ids)) == len(valid_ids)
+  tokens = batch.object_query_tokens_QoxLq
+  assert ((tokens[:, 0] == space.soo_token) & (tokens[:, -1] == space.eos_token)).all()
+  np.testing.assert_array_equal(tokens[mask], space.object_query_tokens(ids[mask]))
+  present_queries = set(valid_ids) & batch_ids
+  assert len(present_queries) >= min(sampler.num_positive_queries(space), len(batch_ids))
+  if not sampler.built_negatives_per_positive:
+    rows = [batch.objects_BxKxC[r, :batch.num_objects_B[r]] for r in range(b)]
+    for query in set(valid_ids) - batch_ids:
+      values = space.object_values(np.array(query))
+      assert any(_is_swap_of_scene(values, r) for r in rows if len(r) >= 2), query
+  expected = np.array([[q in s for q in ids] for s in scene_ids]) & mask
+  np.testing.assert_array_equal(batch.object_labels_BxQo, expected.astype(np.float32))
+  np.testing.assert_array_equal(batch.object_active_B, expected.any(-1))
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_labels_match_brute_force(name, split):
+  space, sampler, _ = CONFIGS[name]
+  for seed in range(3):
+    batch, tables = _sample(name, seed, split)
+    check_batch(batch, space, sampler, tables, split)
+
+
+@hypothesis.settings(max_examples=15, deadline=None)
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), split_seed=st.integers(0, 3),
+                  name=st.sampled_from(sorted(CONFIGS)), split=st.sampled_from(["train", "test"]))
+def test_labels_match_brute_force_random_keys(seed, split_seed, name, split):
+  space, sampler, _ = CONFIGS[name]
+  batch, tables = _sample(name, seed, split, split_seed)
+  check_batch(batch, space, sampler, tables, split)
+
+
+def test_positives_are_capped_and_queries_compacted():
+  space, sampler, _ = CONFIGS["per_concept"]
+  batch, _ = _sample("per_concept", 5)
+  assert sampler.num_concept_queries(space) == 6 and batch.concept_query_mask_Qc.sum() == 6
+  # 8 positives + 48 swaps + 16 built candidates exceed the 30 objects: compacted to 30 slots.
+  assert sampler.num_object_queries(space) == 30
+  space, sampler, _ = CONFIGS["tiny_world"]
+  assert sampler.num_object_queries(space) == 9
+
+
+@pytest.mark.parametrize("mode", ["any", "differing"])
+def test_swap_negatives_change_one_concept(mode):
+  space = world.ObjectSpace((4, 3, 5), 4)
+  sampler = scenes.SamplerConfig(64, swaps_per_scene=3, swap_concepts=mode)
+  tables = world.coverage_split(space, 0.2, 1)    # few objects: many shared values
+  count_B, _, _, objects_BxKxC = scenes._draw_scenes(
+      jax.random.key(0), jnp.asarray(tables.permutation), jnp.int32(tables.num_train), space,
+      sampler, "train")
+  swap_ids, concept, i, j = jax.tree.map(np.asarray, scenes._swap_negatives(
+      jax.random.key(1), count_B, objects_BxKxC, space, sampler))
+  count_B, objects_BxKxC = np.asarray(count_B), np.asarray(objects_BxKxC)
+  seen_same = 0
+  for row in range(sampler.batch_size):
+    n = count_B[row]
+    for s in range(sampler.swaps_per_scene):
+      if n < 2:
+        assert swap_ids[row, s] == space.num_objects     # no swap in a one-object scene
+        continue
+      assert i[row, s] != j[row, s] and 0 <= i[row, s] < n and 0 <= j[row, s] < n
+      source, donor = objects_BxKxC[row, i[row, s]], objects_BxKxC[row, j[row, s]]
+      if mode == "differing" and np.array_equal(source, donor):
+        assert swap_ids[row, s] == space.num_objects
+        continue
+      swapped = space.object_values(swap_ids[row, s])
+      changed = np.flatnonzero(swapped != source)
+      assert swapped[concept[row, s]] == donor[concept[row, s]]
+      if source[concept[row, s]] != donor[concept[row, s]]:
+        np.testing.assert_array_equal(changed, [concept[row, s]])    # exactly one concept
+      else:
+        assert mode == "any" and changed.size == 0
+        seen_same += 1
+  if mode == "any":
+    assert seen_same > 0   # the faithful mode does produce degenerate swaps in this world
+
+
+def test_counts_and_objects_are_uniform():
+  space = world.ObjectSpace.uniform(2, 3, 3)
+  sampler = scenes.SamplerConfig(4096)
+  tables = world.coverage_split(space, 0.5, 0)
+  batch = scenes.sample_batch(jax.random.key(3), tables.permutation, tables.num_train,
+                              space=space, sampler=sampler, split="train")
+  counts = np.bincount(np.asarray(batch.num_objects_B), minlength=4)[1:]
+  assert counts.min() > 4096 / 3 * 0.9
+  ids = space.object_ids(np.asarray(batch.objects_BxKxC)[np.asarray(batch.object_mask_BxK)])
+  frequency = np.bincount(ids, minlength=9)[tables.train_ids]
+  assert frequency.min() > ids.size / 4 * 0.9     # 4 training objects, with replacement
+  assert np.bincount(ids, minlength=9)[tables.heldout_ids].sum() == 0
+
+
+def test_same_key_same_batch_different_keys_differ():
+  first, _ = _sample("c2v20k2", 11)
+  again, _ = _sample("c2v20k2", 11)
+  other, _ = _sample("c2v20k2", 12)
+  chex.assert_trees_all_equal(first, again)
+  assert not np.array_equal(first.scene_tokens_BxL, other.scene_tokens_BxL)
+  assert not np.array_equal(first.object_query_ids_Qo, other.object_query_ids_Qo)
+
+
+def test_no_retracing_across_batches_and_replicas():
+  space, sampler, _ = CONFIGS["c2v20k2"]
+  splits = [world.coverage_split(space, coverage, seed)
+            for coverage, seed in ((0.1, 0), (0.5, 1), (0.9, 2), (1.0, 3))]
+  perms = jnp.stack([s.permutation for s in splits])
+  counts = jnp.asarray([s.num_train for s in splits])
+  sample = scenes.sampler_for(space, sampler, "train")
+  before = scenes._sample_batch_jit._cache_size()
+  for i, s in enumerate(splits):
+    sample(jax.random.key(i), s.permutation, s.num_train)
+    sample(jax.random.key(i), jnp.asarray(s.permutation), np.int32(s.num_train))
+  assert scenes._sample_batch_jit._cache_size() - before <= 1
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def replicas(keys, perms, counts):
+    return jax.vmap(sample)(keys, perms, counts)
+
+  keys = jax.random.split(jax.random.key(0), 4)
+  batch = replicas(keys, perms, counts)
+  replicas(jax.random.split(jax.random.key(1), 4), perms[::-1], counts[::-1])
+  # Each replica's batch is what it would get alone.
+  for r, s in enumerate(splits):
+    alone = sample(keys[r], s.permutation, s.num_train)
+    chex.assert_trees_all_equal(jax.tree.map(lambda x, r=r: x[r], batch), alone)
+
+
+def test_vmap_over_keys_and_sample_batches():
+  space, sampler, _ = CONFIGS["tiny_world"]
+  tables = _split("tiny_world")
+  batches = scenes.sample_batches(jax.random.key(4), tables.permutation, tables.num_train, 3,
+                                  space=space, sampler=sampler, split="test")
+  assert batches.scene_tokens_BxL.shape == (3, sampler.batch_size, space.scene_length)
+  for i in range(3):
+    one = jax.tree.map(lambda x, i=i: np.asarray(x[i]), batches)
+    check_batch(one, space, sampler, tables, "test")
+  assert not np.array_equal(batches.scene_tokens_BxL[0], batches.scene_tokens_BxL[1])
+
+
+def test_empty_test_pool_gives_inactive_rows():
+  space, sampler, _ = CONFIGS["tiny_world"]
+  tables = world.coverage_split(space, 1.0, 0)
+  batch = scenes.sample_batch(jax.random.key(0), tables.permutation, tables.num_train,
+                              space=space, sampler=sampler, split="test")
+  assert (np.asarray(batch.num_objects_B) == 0).all()
+  assert not np.asarray(batch.object_active_B).any()
+  assert not np.asarray(batch.concept_active_B).any()
+  assert (np.asarray(batch.scene_tokens_BxL)[:, 0] == space.eos_token).all()
+
+
+def test_large_object_space():
+  space = world.ObjectSpace.uniform(3, 50, 3)      # |O| = 125,000
+  sampler = scenes.SamplerConfig(64, built_negatives_per_positive=1)
+  tables = world.coverage_split(space, 0.5, 0)
+  batch = jax.tree.map(np.asarray, scenes.sample_batch(
+      jax.random.key(0), tables.permutation, tables.num_train, space=space, sampler=sampler,
+      split="test"))
+  check_batch(batch, space, sampler, tables, "test")
+
+
+def test_argument_errors():
+  space, sampler, _ = CONFIGS["tiny_world"]
+  tables = _split("tiny_world")
+  with pytest.raises(ValueError, match="split must be one of"):
+    scenes.sample_batch(jax.random.key(0), tables.permutation, tables.num_train, space=space,
+                        sampler=sampler, split="valid")
+  with pytest.raises(ValueError, match=r"permutation_O must have shape \(9,\)"):
+    scenes.sample_batch(jax.random.key(0), tables.permutation[:5], 3, space=space,
+                        sampler=sampler, split="train")
+  with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+    scenes.SamplerConfig(0)
+  with pytest.raises(ValueError, match="swaps_per_scene"):
+    scenes.SamplerConfig(8, swaps_per_scene=-1)
+  with pytest.raises(ValueError, match="swap_concepts"):
+    scenes.SamplerConfig(8, swap_concepts="some")
+  with pytest.raises(ValueError, match="too large"):
+    scenes.sampler_for(world.ObjectSpace.uniform(8, 20, 2), sampler, "train")
