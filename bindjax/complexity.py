@@ -378,3 +378,151 @@ def all_scenes(values_per_concept, max_objects):
   ids = np.stack(np.meshgrid(*[np.arange(u)] * max_objects, indexing="ij"), -1).reshape(
       -1, max_objects)
   return objects_UxC[ids].astype(np.int32), ids.astype(np.int32)
+
+
+def parse_models(spec, values_per_concept, max_objects, out_dim, embed_dim=0):
+  """Approximators from "mlp:1024,mlp:512x512,additive,product,product:W,sum_product,...".
+
+  Raises ValueError naming the bad item.
+  """
+  models = []
+  for item in [s.strip() for s in str(spec).split(",") if s.strip()]:
+    family, _, option = item.partition(":")
+    try:
+      if family == "mlp":
+        widths = tuple(int(w) for w in option.split("x")) if option else ()
+        models.append(binding.make("mlp", values_per_concept, max_objects, out_dim, widths,
+                                   embed_dim))
+      else:
+        if option not in ("", "W"):
+          raise ValueError(f"option {option!r}: only ':W' (learned W) is known")
+        models.append(binding.make(family, values_per_concept, max_objects, out_dim, (),
+                                   embed_dim, learned_w=option == "W"))
+    except ValueError as e:
+      raise ValueError(f"models item {item!r}: {e}") from None
+  if not models:
+    raise ValueError(f"models={spec!r}: expected at least one approximator")
+  return models
+
+
+def grid_entries(models, fractions, seeds, learning_rates):
+  """Every (model, fraction, seed, lr) combination, model-major."""
+  return [GridEntry(m, float(f), int(s), float(lr)) for m in models for f in fractions
+          for s in seeds for lr in learning_rates]
+
+
+CSV_COLUMNS = (
+    "name", "family", "train_fraction", "seed", "learning_rate", "schedule", "steps",
+    "num_parameters", "num_train_objects", "num_train_only_scenes", "num_test_only_scenes",
+    "num_mixed_scenes", "best_test_object_acc", "best_step", "test_concept_acc_at_best",
+    "best_test_concept_acc", "best_test_r2", "final_train_loss",
+    *[f"final_{m}_{k}" for k in ("concept_acc", "object_acc", "mse", "r2") for m in MASKS])
+
+
+def rows_to_csv(rows):
+  """CSV text of result rows (history left out)."""
+  import csv  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  out = io.StringIO()
+  writer = csv.DictWriter(out, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+  writer.writeheader()
+  for row in rows:
+    writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS})
+  return out.getvalue()
+
+
+def _resolve_chunk(value):
+  if value in (None, "none", "None", ""):
+    return None
+  if value == "auto":
+    return "auto"
+  try:
+    chunk = int(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"chunk_size={value!r}: expected 'auto', 'none' or an integer") from None
+  if chunk < 1:
+    raise ValueError(f"chunk_size={value!r}: expected ≥ 1")
+  return chunk
+
+
+def _load_probes_file(path, values_per_concept):
+  with np.load(path, allow_pickle=False) as f:
+    probes = {k: f[k] for k in f.files}
+  return linear.probes_to_weights(probes, values_per_concept)
+
+
+def run(config, workdir, embedding_set=None, log=print):
+  """The `bindjax complexity` flow: probes, batch-fitted grid, optional trees; writes results.
+
+  Writes workdir/results.json (config, probe source, timings, rows with histories),
+  workdir/results.csv and workdir/complexity.png. Returns the result rows.
+  """
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  results_path = os.path.join(workdir, "results.json")
+  if os.path.exists(results_path) and not config.get("overwrite", False):
+    raise FileExistsError(f"{results_path} exists; set --config.overwrite=True to replace it")
+  if embedding_set is None:
+    from bindjax.commands import probe as probe_command  # pylint: disable=g-import-not-at-top
+    embedding_set = probe_command.load_embedding_set(config.embeddings)
+  vpc = tuple(embedding_set.values_per_concept)
+  fit_config = FitConfig(steps=int(config.steps), eval_every=int(config.eval_every),
+                         schedule=config.schedule,
+                         probe_similarity="dot").validate()
+  models = parse_models(config.models, vpc, embedding_set.objects.shape[1],
+                        embedding_set.embeddings.shape[1], int(config.embed_dim))
+  chunk_size = _resolve_chunk(config.chunk_size)
+  start = time.perf_counter()
+  if config.probes_file:
+    probes, probe_source = _load_probes_file(config.probes_file, vpc), config.probes_file
+  else:
+    probe_config = linear.ProbeConfig(steps=int(config.probe_steps),
+                                      similarity=config.probe_similarity)
+    probes, probe_source = frozen_probes(embedding_set, config.probes, probe_config)
+  probe_s = time.perf_counter() - start
+  data, _ = from_set(embedding_set)
+  all_rows = np.ones(data.values_NxKxC.shape[0], bool)
+  probe_check = {
+      k: float(np.asarray(v)[0]) for k, v in evaluate_predictions(
+          data.targets_NxD, data, probes, jnp.asarray(np.stack([all_rows] * 3))).items()
+      if k in ("concept_acc", "object_acc")}
+  log(f"probes ({probe_source}) on the real {len(all_rows)} K-object scenes: concept acc "
+      f"{probe_check['concept_acc']:.3f}, object acc {probe_check['object_acc']:.3f}")
+  entries = grid_entries(models, config.train_fractions, config.seeds, config.learning_rates)
+  start = time.perf_counter()
+  rows, infos = fit_grid(entries, data, probes, fit_config, chunk_size=chunk_size,
+                         memory_bytes=int(config.memory_bytes) or None)
+  grid_s = time.perf_counter() - start
+  if config.trees:
+    from bindjax.probes import trees  # pylint: disable=g-import-not-at-top
+    for kind in [k.strip() for k in config.tree_models.split(",") if k.strip()]:
+      fractions = [f for f in config.train_fractions for _ in config.seeds]
+      seeds = [s for _ in config.train_fractions for s in config.seeds]
+      rows += trees.fit_trees(kind, data, probes, fractions, seeds,
+                              int(config.tree_estimators))
+  for row in rows:
+    log(f"{row['name']:>20} f={row['train_fraction']:.2f} seed={row['seed']}: best test-only "
+        f"object acc {row['best_test_object_acc']:.3f}, concept acc "
+        f"{row['test_concept_acc_at_best']:.3f}, test R² {row['best_test_r2']:.3f}")
+  summary = {
+      "config": config.to_dict(), "embeddings": embedding_set.provenance,
+      "num_scenes": int(len(all_rows)), "num_objects": data.num_unique,
+      "probes": probe_source, "probe_accuracy_on_real": probe_check, "probe_s": probe_s,
+      "grid_s": grid_s, "buckets": infos, "masks": list(MASKS), "rows": rows,
+  }
+  os.makedirs(workdir, exist_ok=True)
+  parallel.write_atomic(os.path.join(workdir, "results.csv"), rows_to_csv(rows))
+  from bindjax.plots import complexity as plot  # pylint: disable=g-import-not-at-top
+  plot.save_figure(rows, os.path.join(workdir, "complexity.png"))
+  parallel.write_atomic(results_path, json.dumps(summary, indent=1, default=_json_default))
+  return rows
+
+
+def _json_default(value):
+  if isinstance(value, (np.integer, np.floating)):
+    return value.item()
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  if isinstance(value, tuple):
+    return list(value)
+  return str(value)

@@ -18,7 +18,7 @@ ARRAYS_FILE = "embeddings.npz"
 METADATA_FILE = "metadata.json"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # arrays have no single truth value; compare fields
 class EmbeddingSet:
   """Embeddings of N scenes: row i embeds the scene objects[i, :num_objects[i]].
 
@@ -49,6 +49,13 @@ class EmbeddingSet:
     self.values_per_concept = tuple(int(v) for v in np.atleast_1d(self.values_per_concept))
     self.probes = {str(k): np.asarray(v, dtype=np.float32) for k, v in self.probes.items()}
     self.provenance = dict(self.provenance or {})
+
+  def __repr__(self):
+    probes = {k: list(v.shape) for k, v in self.probes.items()}
+    return (f"EmbeddingSet(N={self.embeddings.shape[0] if self.embeddings.ndim else '?'}, "
+            f"D={self.embeddings.shape[-1] if self.embeddings.ndim else '?'}, "
+            f"objects={list(self.objects.shape)}, values_per_concept="
+            f"{list(self.values_per_concept)}, probes={probes})")
 
   # ---------------------------------------------------------------- sizes
   @property
@@ -165,7 +172,7 @@ class EmbeddingSet:
 
   # ---------------------------------------------------------------- objects
   def object_ids(self):
-    """Object ids per scene slot and the distinct objects, in SPEC §8 order.
+    """Object ids per scene slot and the distinct objects, in SPEC §8 order (of a valid set).
 
     Returns (scene_object_ids [N, K] int32 with -1 padding, unique_objects [U, C] int32): ids
     number distinct objects by first appearance scanning scenes in order, slot 0 before slot 1.

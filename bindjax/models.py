@@ -19,6 +19,7 @@ queries, attention output and MLP for that row alone (same numbers, ~12% fewer F
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable
 
@@ -380,6 +381,7 @@ def similarity_logits(config, tau, z_BxD, q_QxD, cap):
   return scale * (z_BxD @ q_QxD.T)
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def init_params(key, config: ModelConfig):
   """Fresh DualEncoder parameters {"scene_tower", "query_tower", "tau"} (no "params" wrapper)."""
   scene_1xL = jnp.zeros((1, config.scene_length), jnp.int32)

@@ -12,8 +12,9 @@ padded to static maxima and carry masks:
     i != j and a concept c, object i with concept c taken from object j), (c) optional built
     negatives (uniform over all objects, per positive).
 
-Distinct sets are computed with sorts and compare-with-previous (independent of |O|); random
-subsets by top_k over random priorities given to first occurrences.
+Distinct sets: first occurrences through a table indexed by object id (a scatter-min; sorts
+above 2^20 objects); random subsets by one sort of random priorities given to first occurrences. All random numbers of a batch
+come from one `jax.random.bits` call (one threefry instance: fast to compile and to run).
 """
 import dataclasses
 import functools
@@ -100,31 +101,107 @@ class SceneBatch:
   object_active_B: jax.Array
 
 
-def _first_occurrences(sorted_x, sentinel):
-  """Marks the first of each run of equal values in a sorted array, ignoring the sentinel."""
-  previous = jnp.concatenate([jnp.full((1,), -1, sorted_x.dtype), sorted_x[:-1]])
-  return (sorted_x != previous) & (sorted_x != sentinel)
+# Distinct-set helpers. Tables indexed by object id (scatter/gather, O(n)) are used up to this
+# many objects; above it, sorts (independent of |O|).
+_TABLE_LIMIT = 1 << 20
 
 
-def _uniform_below(key, shape, n):
-  """Integers uniform in [0, n) for small n >= 1 (slot indices): floor(u·n)."""
-  u = jax.random.uniform(key, shape)
-  return jnp.minimum((u * n).astype(jnp.int32), n - 1)
+def _first_occurrences(ids_N, num_objects):
+  """bool [N]: entry holds a valid id (< num_objects) seen at no earlier position."""
+  n = ids_N.shape[0]
+  position_N = jnp.arange(n, dtype=jnp.int32)
+  valid_N = (ids_N >= 0) & (ids_N < num_objects)
+  ids_N = jnp.where(valid_N, ids_N, num_objects)
+  if num_objects <= _TABLE_LIMIT:
+    first_O = jnp.full((num_objects + 1,), n, jnp.int32).at[ids_N].min(position_N)
+    return valid_N & (first_O[ids_N] == position_N)
+  order_N = jnp.argsort(ids_N, stable=True)
+  sorted_N = ids_N[order_N]
+  starts_N = jnp.concatenate([jnp.ones((1,), bool), sorted_N[1:] != sorted_N[:-1]])
+  return valid_N & jnp.zeros((n,), bool).at[order_N].set(starts_N)
 
 
-def _draw_scenes(key, permutation_O, num_train, space, sampler, split):
+def _below(words, n):
+  """Random uint32 words -> int32 in [0, n) (n >= 1, may be traced; bias <= n / 2^32)."""
+  return (words % jnp.asarray(n).astype(jnp.uint32)).astype(jnp.int32)
+
+
+def _random_subset(words_N, keep_N, size):
+  """A uniformly random subset of at most `size` kept positions: (positions [size], valid).
+
+  One single-operand sort of uint32 keys (random priority in the high bits, position in the low
+  bits), which on CPU is several times cheaper than top_k's key-value sort. Equal priorities are
+  broken by position, which only matters at the cut-off and is itself random when positions are.
+  """
+  n = keep_N.shape[0]
+  index_bits = max(1, (n - 1).bit_length())
+  if index_bits > 20:
+    priority_N = jnp.where(keep_N, (words_N >> 1).astype(jnp.int32), -1)
+    top, position = jax.lax.top_k(priority_N, size)
+    return position, top >= 0
+  position_N = jnp.arange(n, dtype=jnp.uint32)
+  high_N = ((words_N >> index_bits) | 1) << index_bits     # never 0 for kept positions
+  sort_key_N = jnp.where(keep_N, high_N | position_N, position_N)
+  top = jnp.sort(sort_key_N)[::-1][:size]
+  position = (top & ((1 << index_bits) - 1)).astype(jnp.int32)
+  return position, (top >> index_bits) > 0
+
+
+def _compact(ids_N, keep_N, size, fill):
+  """The kept ids moved to the front of a [size] array (size >= number kept), rest `fill`."""
+  target_N = jnp.where(keep_N, jnp.cumsum(keep_N) - 1, size)
+  return jnp.full((size,), fill, ids_N.dtype).at[target_N].set(ids_N, mode="drop")
+
+
+def _membership_labels(ids_BxK, query_ids_Q, query_mask_Q, num_objects):
+  """bool [B, Q]: query q is one of the objects of scene b."""
+  b, q = ids_BxK.shape[0], query_ids_Q.shape[0]
+  if num_objects > _TABLE_LIMIT:
+    hits_BxQ = jnp.any(ids_BxK[:, :, None] == query_ids_Q[None, None, :], axis=1)
+    return hits_BxQ & query_mask_Q[None, :]
+  # column of each object id among the queries (q = "none"), then one scatter per scene slot.
+  column_O = jnp.full((num_objects + 1,), q, jnp.int32).at[
+      jnp.where(query_mask_Q, query_ids_Q, num_objects)].set(jnp.arange(q, dtype=jnp.int32))
+  column_O = column_O.at[num_objects].set(q)
+  column_BxK = column_O[jnp.where(ids_BxK >= 0, ids_BxK, num_objects)]
+  rows_BxK = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], column_BxK.shape)
+  return jnp.zeros((b, q), bool).at[rows_BxK, column_BxK].set(True, mode="drop")
+
+
+def _word_layout(space, sampler):
+  """Shapes of the random words one batch consumes (all drawn by a single threefry call)."""
+  b, k, c, s = sampler.batch_size, space.max_objects, space.num_concepts, sampler.swaps_per_scene
+  layout = {"count": (b,), "draw": (b, k), "positive": (b * k,)}
+  if sampler.num_concept_queries(space) < space.num_concept_tokens:
+    layout["concept"] = (space.num_concept_tokens,)
+  if sampler.num_swap_negatives(space):
+    layout["swap_i"] = layout["swap_j"] = (b, s)
+    layout["swap_c"] = (b, s) if sampler.swap_concepts == "any" else (b, s, c)
+  if sampler.built_negatives_per_positive:
+    layout["built"] = (sampler.num_positive_queries(space), sampler.built_negatives_per_positive)
+  return layout
+
+
+def _random_words(key, space, sampler):
+  layout = _word_layout(space, sampler)
+  sizes = [int(np.prod(shape)) for shape in layout.values()]
+  words = jax.random.bits(key, (sum(sizes),), jnp.uint32)
+  pieces = jnp.split(words, np.cumsum(sizes)[:-1])
+  return {name: piece.reshape(shape) for (name, shape), piece in zip(layout.items(), pieces)}
+
+
+def _draw_scenes(words, permutation_O, num_train, space, split):
   """Scene objects: counts uniform in 1..K, objects uniform with replacement from the pool."""
-  b, k = sampler.batch_size, space.max_objects
+  k = space.max_objects
   if split == "train":
     start, pool = jnp.int32(0), num_train
   else:
     start, pool = num_train, space.num_objects - num_train
-  key_count, key_draw = jax.random.split(key)
-  count_B = jax.random.randint(key_count, (b,), 1, k + 1, dtype=jnp.int32)
+  count_B = 1 + _below(words["count"], k)
   # An empty pool (the test split at coverage 1) gives empty scenes, which are all inactive.
   count_B = jnp.where(pool > 0, count_B, 0)
   slot_mask_BxK = jnp.arange(k, dtype=jnp.int32)[None, :] < count_B[:, None]
-  index_BxK = jax.random.randint(key_draw, (b, k), 0, jnp.maximum(pool, 1), dtype=jnp.int32)
+  index_BxK = _below(words["draw"], jnp.maximum(pool, 1))
   ids_BxK = jnp.take(permutation_O, start + index_BxK, mode="clip")
   ids_BxK = jnp.where(slot_mask_BxK, ids_BxK, -1)
   objects_BxKxC = jnp.where(slot_mask_BxK[..., None],
@@ -132,7 +209,7 @@ def _draw_scenes(key, permutation_O, num_train, space, sampler, split):
   return count_B, slot_mask_BxK, ids_BxK, objects_BxKxC
 
 
-def _concept_queries(key, objects_BxKxC, slot_mask_BxK, space, sampler):
+def _concept_queries(words, objects_BxKxC, slot_mask_BxK, space, sampler):
   num_tokens = space.num_concept_tokens
   tokens_BxKxC = space.concept_tokens(objects_BxKxC)
   hits_BxKxCxT = tokens_BxKxC[..., None] == jnp.arange(num_tokens, dtype=jnp.int32)
@@ -143,42 +220,39 @@ def _concept_queries(key, objects_BxKxC, slot_mask_BxK, space, sampler):
     token_Qc = jnp.arange(num_tokens, dtype=jnp.int32)
     mask_Qc = batch_present_T
   else:
-    priority_T = jnp.where(batch_present_T, jax.random.uniform(key, (num_tokens,)), -1.0)
-    top_Qc, token_Qc = jax.lax.top_k(priority_T, num_queries)
-    mask_Qc = top_Qc >= 0
+    token_Qc, mask_Qc = _random_subset(words["concept"], batch_present_T, num_queries)
   labels_BxQc = jnp.take(present_BxT, token_Qc, axis=1) & mask_Qc[None, :]
   query_tokens_QcxLq = jnp.asarray(space.concept_query_tokens())[token_Qc]
   return query_tokens_QcxLq, mask_Qc, labels_BxQc
 
 
-def _positive_candidates(key, ids_BxK, space, sampler):
+def _positive_candidates(words, ids_BxK, space, sampler):
   """A random subset of the distinct scene objects; `|O|` marks an empty slot."""
-  sentinel = space.num_objects
-  sorted_N = jnp.sort(jnp.where(ids_BxK >= 0, ids_BxK, sentinel).reshape(-1))
-  first_N = _first_occurrences(sorted_N, sentinel)
-  priority_N = jnp.where(first_N, jax.random.uniform(key, sorted_N.shape), -1.0)
-  top_P, index_P = jax.lax.top_k(priority_N, sampler.num_positive_queries(space))
-  return jnp.where(top_P >= 0, sorted_N[index_P], sentinel)
+  ids_N = ids_BxK.reshape(-1)
+  first_N = _first_occurrences(ids_N, space.num_objects)
+  position_P, valid_P = _random_subset(words["positive"], first_N,
+                                       sampler.num_positive_queries(space))
+  return jnp.where(valid_P, ids_N[position_P], space.num_objects)
 
 
-def _swap_negatives(key, count_B, objects_BxKxC, space, sampler):
-  """Per scene with >= 2 objects: object i with concept c replaced by object j's value."""
+def _swap_negatives(words, count_B, objects_BxKxC, space, sampler):
+  """Per scene with >= 2 objects: object i with concept c replaced by object j's value.
+
+  Returns swapped ids [B,S] (|O| where there is no swap), and the concepts and slots used.
+  """
   b, s, c = sampler.batch_size, sampler.swaps_per_scene, space.num_concepts
-  key_i, key_j, key_c = jax.random.split(key, 3)
-  n_Bx1 = count_B[:, None]
-  i_BxS = _uniform_below(key_i, (b, s), jnp.maximum(n_Bx1, 1))
-  j_BxS = (i_BxS + 1 + _uniform_below(key_j, (b, s), jnp.maximum(n_Bx1 - 1, 1))) % jnp.maximum(
-      n_Bx1, 1)
+  n_Bx1 = jnp.maximum(count_B[:, None], 1)
+  i_BxS = _below(words["swap_i"], n_Bx1)
+  j_BxS = (i_BxS + 1 + _below(words["swap_j"], jnp.maximum(n_Bx1 - 1, 1))) % n_Bx1
   source_BxSxC = jnp.take_along_axis(objects_BxKxC, i_BxS[..., None], axis=1)
   donor_BxSxC = jnp.take_along_axis(objects_BxKxC, j_BxS[..., None], axis=1)
-  valid_BxS = jnp.broadcast_to(n_Bx1 >= 2, (b, s))
+  valid_BxS = jnp.broadcast_to(count_B[:, None] >= 2, (b, s))
   if sampler.swap_concepts == "any":
-    concept_BxS = jax.random.randint(key_c, (b, s), 0, c, dtype=jnp.int32)
+    concept_BxS = _below(words["swap_c"], c)
   else:
     differ_BxSxC = source_BxSxC != donor_BxSxC
-    priority_BxSxC = jnp.where(differ_BxSxC, jax.random.uniform(key_c, (b, s, c)), -1.0)
-    concept_BxSxC = jnp.argmax(priority_BxSxC, axis=-1).astype(jnp.int32)
-    concept_BxS = concept_BxSxC
+    priority_BxSxC = jnp.where(differ_BxSxC, (words["swap_c"] >> 1).astype(jnp.int32), -1)
+    concept_BxS = jnp.argmax(priority_BxSxC, axis=-1).astype(jnp.int32)
     valid_BxS = valid_BxS & jnp.any(differ_BxSxC, axis=-1)
   swapped_BxSxC = jnp.where(jnp.arange(c, dtype=jnp.int32) == concept_BxS[..., None],
                             donor_BxSxC, source_BxSxC)
@@ -186,45 +260,42 @@ def _swap_negatives(key, count_B, objects_BxKxC, space, sampler):
   return jnp.where(valid_BxS, ids_BxS, space.num_objects), concept_BxS, i_BxS, j_BxS
 
 
-def _object_queries(key, count_B, ids_BxK, objects_BxKxC, space, sampler):
+def _object_queries(words, count_B, ids_BxK, objects_BxKxC, space, sampler):
   sentinel = space.num_objects
-  key_pos, key_swap, key_built = jax.random.split(key, 3)
-  positive_P = _positive_candidates(key_pos, ids_BxK, space, sampler)
+  positive_P = _positive_candidates(words, ids_BxK, space, sampler)
   candidates = [positive_P]
   if sampler.num_swap_negatives(space):
-    swap_BxS = _swap_negatives(key_swap, count_B, objects_BxKxC, space, sampler)[0]
+    swap_BxS = _swap_negatives(words, count_B, objects_BxKxC, space, sampler)[0]
     candidates.append(swap_BxS.reshape(-1))
   if sampler.built_negatives_per_positive:
-    built_PxN = jax.random.randint(
-        key_built, (positive_P.shape[0], sampler.built_negatives_per_positive), 0,
-        space.num_objects, dtype=jnp.int32)
+    built_PxN = _below(words["built"], space.num_objects)
     built_PxN = jnp.where(positive_P[:, None] < sentinel, built_PxN, sentinel)
     candidates.append(built_PxN.reshape(-1))
-  sorted_N = jnp.sort(jnp.concatenate(candidates))
-  first_N = _first_occurrences(sorted_N, sentinel)
+  candidates_N = jnp.concatenate(candidates)
+  first_N = _first_occurrences(candidates_N, sentinel)
   num_queries = sampler.num_object_queries(space)
-  if num_queries < sorted_N.shape[0]:
+  if num_queries < candidates_N.shape[0]:
     # More candidate slots than objects: move the distinct ids to the front.
-    ids_Qo = jnp.sort(jnp.where(first_N, sorted_N, sentinel))[:num_queries]
-    mask_Qo = ids_Qo < sentinel
+    ids_Qo = _compact(candidates_N, first_N, num_queries, -1)
+    mask_Qo = ids_Qo >= 0
   else:
-    ids_Qo, mask_Qo = sorted_N, first_N
-  ids_Qo = jnp.where(mask_Qo, ids_Qo, -1)
-  labels_BxQo = jnp.any(ids_BxK[:, :, None] == ids_Qo[None, None, :], axis=1) & mask_Qo[None, :]
+    mask_Qo = first_N
+    ids_Qo = jnp.where(mask_Qo, candidates_N, -1)
+  labels_BxQo = _membership_labels(ids_BxK, ids_Qo, mask_Qo, space.num_objects)
   tokens_QoxLq = space.object_query_tokens(jnp.maximum(ids_Qo, 0))
   return tokens_QoxLq, ids_Qo, mask_Qo, labels_BxQo
 
 
 def _sample_batch(key, permutation_O, num_train, space, sampler, split):
-  key_scene, key_concept, key_object = jax.random.split(key, 3)
+  words = _random_words(key, space, sampler)
   permutation_O = permutation_O.astype(jnp.int32)
   num_train = jnp.asarray(num_train, jnp.int32)
   count_B, slot_mask_BxK, ids_BxK, objects_BxKxC = _draw_scenes(
-      key_scene, permutation_O, num_train, space, sampler, split)
+      words, permutation_O, num_train, space, split)
   concept_tokens, concept_mask, concept_labels = _concept_queries(
-      key_concept, objects_BxKxC, slot_mask_BxK, space, sampler)
+      words, objects_BxKxC, slot_mask_BxK, space, sampler)
   object_tokens, object_ids, object_mask, object_labels = _object_queries(
-      key_object, count_B, ids_BxK, objects_BxKxC, space, sampler)
+      words, count_B, ids_BxK, objects_BxKxC, space, sampler)
   return SceneBatch(
       scene_tokens_BxL=space.scene_tokens(objects_BxKxC, count_B),
       objects_BxKxC=objects_BxKxC,
@@ -279,10 +350,21 @@ def sample_batch(key, permutation_O, num_train, *, space, sampler, split):
 
 
 def sample_batches(key, permutation_O, num_train, num_batches, *, space, sampler, split):
-  """`num_batches` independent batches (leading axis) from fold_in(key, i), in one program."""
+  """`num_batches` batches stacked on a leading axis, batch i from fold_in(key, i); one program.
+
+  Amortises dispatch when many batches are needed at once (evaluation, benchmarks).
+  """
+  check_arguments(space, sampler, split)
+  return _sample_batches_jit(key, jnp.asarray(permutation_O, jnp.int32),
+                             jnp.asarray(num_train, jnp.int32), num_batches=int(num_batches),
+                             space=space, sampler=sampler, split=split)
+
+
+@functools.partial(jax.jit, static_argnames=("num_batches", "space", "sampler", "split"))
+def _sample_batches_jit(key, permutation_O, num_train, num_batches, space, sampler, split):
   keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(num_batches))
-  return jax.vmap(lambda k: sample_batch(k, permutation_O, num_train, space=space,
-                                         sampler=sampler, split=split))(keys)
+  return jax.vmap(lambda k: _sample_batch(k, permutation_O, num_train, space, sampler, split))(
+      keys)
 
 
 def sampler_for(space, sampler, split):

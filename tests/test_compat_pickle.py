@@ -123,3 +123,12 @@ def test_module_state_holds_data_only():
   assert module.attributes == {"training": True, "in_features": 3}
   with pytest.raises(pickle.UnpicklingError, match="Linear"):
     module.__setstate__(["not", "a", "dict"])
+
+
+def test_rebuild_v3_untyped_storage_with_dtype():
+  raw = np.arange(4, dtype=np.float32).tobytes()
+  untyped = safe_pickle.Storage.from_bytes(safe_pickle.StorageType("UntypedStorage"), raw, 16)
+  rebuild = safe_pickle.ALLOWED_GLOBALS["torch._utils._rebuild_tensor_v3"]
+  out = rebuild(untyped, 1, (3,), (1,), False, None, safe_pickle.ALLOWED_GLOBALS["torch.float32"])
+  np.testing.assert_array_equal(out, [1, 2, 3])
+  assert out.dtype == np.float32

@@ -45,13 +45,20 @@ def test_clevr_text_trained_embeddings_with_probes():
   assert {k: v.shape for k, v in es.probes.items()} == {
       "concept_0": (8, 384), "concept_1": (3, 384), "object": (24, 384)}
   assert es.provenance["similarity"] == "dot" and es.captions[0] == "a blue cube and a blue cube"
-  # The probes were fitted on these scenes: the object probe ranks each scene's objects first.
+  # The probes were fitted on these scenes (briefly): concept probes separate every scene's
+  # values from the others; the object probe's best object is one of the scene's (row order).
   ids, _ = es.object_ids()
-  logits = es.embeddings @ es.probes["object"].T
-  top2 = np.sort(np.argsort(-logits, axis=1)[:, :2], axis=1)
-  distinct = ids[:, 0] != ids[:, 1]
-  hits = (top2 == np.sort(ids, axis=1)).all(axis=1)[distinct].mean()
-  assert hits > 0.9
+  for name, labels in [("concept_0", es.objects[:, :, 0]), ("concept_1", es.objects[:, :, 1]),
+                       ("object", ids)]:
+    logits = es.embeddings @ es.probes[name].T
+    positive = np.zeros(logits.shape, bool)
+    np.put_along_axis(positive, labels, True, axis=1)
+    separated = (np.where(positive, logits, np.inf).min(1) >
+                 np.where(positive, -np.inf, logits).max(1))
+    top1 = positive[np.arange(len(logits)), logits.argmax(1)]
+    assert top1.mean() > 0.95, name
+    if name != "object":
+      assert separated.all(), name
   # Absolute path and embeddings.npy work the same.
   same = reference.read_reference_folder(DATA, os.path.join(DATA, "embeddings.npy"))
   np.testing.assert_array_equal(same.embeddings, np.load(os.path.join(DATA, "embeddings.npy")))
@@ -200,3 +207,12 @@ def test_import_command_tfds(tmp_path):
   es = embeddings.read_embeddings(tmp_path / "tf")
   np.testing.assert_array_equal(es.embeddings, np.load(os.path.join(DATA, "embeddings.npy")))
   assert es.num_scenes == 600 and es.captions[599].startswith("a yellow sphere and")
+
+
+def test_names_from_metadata_names_dict(tmp_path):
+  meta = {"num_objects": 2, "values_per_concept": [3, 2],
+          "names": {"color": ["r", "g", "b"], "shape": ["cube", "ball"]}}
+  folder = _folder(tmp_path, SCENES, np.zeros((3, 4), np.float32), meta)
+  es = reference.read_reference_folder(folder)
+  assert es.concept_names == ["color", "shape"] and es.value_names[1] == ["cube", "ball"]
+  assert es.captions is None and "EmbeddingSet(N=3, D=4" in repr(es)

@@ -266,3 +266,16 @@ def test_randperm_matches_spec_values():
     torch_random.randperm(-1, 0)
   with pytest.raises(ValueError, match="seed"):
     torch_random.randperm(3, 0.5)
+
+
+def test_truncated_storage_names_the_file(tmp_path):
+  path = tmp_path / "short.pt"
+  torch_format.save({"w": np.arange(8, dtype=np.float32)}, path)
+  with zipfile.ZipFile(path) as archive:
+    members = {n: archive.read(n) for n in archive.namelist()}
+  members["archive/data/0"] = members["archive/data/0"][:12]
+  with zipfile.ZipFile(path, "w") as archive:
+    for name, raw in members.items():
+      archive.writestr(name, raw)
+  with pytest.raises(ValueError, match=r"short.pt: .*needs 32 bytes, the file holds 12"):
+    torch_format.load(path)

@@ -163,7 +163,7 @@ def test_tfds_round_trip_in_order_without_tensorflow(tmp_path):
                                 value_names=[["a", "b", "c"], ["x", "y"]],
                                 provenance={"source": "test"},
                                 probes={"concept_0": rng.normal(size=(3, 6))})
-  path = tfds_builder.write_embedding_set(es, tmp_path / "tf", chunk_size=10)
+  path = tfds_builder.write_embedding_set(es, tmp_path / "tf", rows_per_example=4)
   assert path.endswith(os.path.join("tf", "bindjax_embeddings", "1.0.0"))
   assert "tensorflow" not in sys.modules
   assert sorted(os.listdir(tmp_path)) == ["tf"]
@@ -179,20 +179,26 @@ def test_tfds_round_trip_in_order_without_tensorflow(tmp_path):
   assert len(source) == 23
   assert [c.num_scenes for c in source.iter_chunks(10)] == [10, 10, 3]
   np.testing.assert_array_equal(source.read([5, 2])["embedding"], es.embeddings[[5, 2]])
-  # Records out of order (as shuffled TFDS writes would be): rows are found by index.
+  assert source.read([9, 3, 9])["caption"] == ["scene 9", "scene 3", "scene 9"]
+  # Records out of order (as shuffled TFDS writes would be): blocks are found by row index.
   records = source._source  # pylint: disable=protected-access
-  order = rng.permutation(23)
+  assert len(records) == 6  # 23 rows in blocks of 4
+  order = rng.permutation(6)
 
   class Shuffled:
     def __len__(self):
-      return 23
+      return 6
+
+    def __getitem__(self, index):
+      return records[int(order[index])]
 
     def __getitems__(self, indices):
       return records.__getitems__([int(order[i]) for i in indices])
 
   source._source = Shuffled()  # pylint: disable=protected-access
-  np.testing.assert_array_equal(source.read([0, 22, 7])["embedding"],
-                                es.embeddings[[0, 22, 7]])
+  got = source.read([0, 22, 7, 8])
+  np.testing.assert_array_equal(got["embedding"], es.embeddings[[0, 22, 7, 8]])
+  np.testing.assert_array_equal(got["objects"], es.objects[[0, 22, 7, 8]])
   with pytest.raises(FileExistsError):
     tfds_builder.write_embedding_set(es, tmp_path / "tf")
 
@@ -205,3 +211,21 @@ def test_tfds_write_chunks_checks_chunks(tmp_path):
     tfds_builder.write_chunks([good, other], tmp_path / "x", values_per_concept=(3, 2), dim=4,
                               max_objects=2)
   assert not os.listdir(tmp_path)
+  # Chunk and block boundaries do not line up: rows still come back in order.
+  chunks = [good.subset([0, 1]), good.subset([2]), good.subset([3, 4]), good.subset([])]
+  tfds_builder.write_chunks(chunks, tmp_path / "y", values_per_concept=(3, 2), dim=4,
+                            max_objects=2, rows_per_example=3)
+  back = tfds_builder.read_embedding_set(tmp_path / "y")
+  np.testing.assert_array_equal(back.embeddings, good.embeddings)
+  assert back.scenes() == SCENES and back.captions is None
+
+
+def test_tfds_empty_and_bad_reads(tmp_path):
+  from bindjax import tfds_builder  # pylint: disable=g-import-not-at-top
+  path = tfds_builder.write_embedding_set(_set(), tmp_path / "tf")
+  source = tfds_builder.EmbeddingSource(path)
+  assert source.read([])["embedding"].shape == (0, 4)
+  with pytest.raises(ValueError, match=r"rows must be in \[0, 5\)"):
+    source.read([5])
+  with pytest.raises(ValueError, match="not a bindjax TFDS embedding set"):
+    tfds_builder.EmbeddingSource(tmp_path)

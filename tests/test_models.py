@@ -28,7 +28,7 @@ def _apply(config, params, tokens, method):
 
 def _tower(config, params, tokens, max_length=None):
   tower = models.Tower(config, config.d_out, max_length or tokens.shape[1])
-  return tower.apply({"params": params}, jnp.asarray(tokens))
+  return jax.jit(tower.apply)({"params": params}, jnp.asarray(tokens))
 
 
 def test_parameter_count_published_config():
@@ -156,11 +156,13 @@ def test_output_ignores_padding(variant):
   np.testing.assert_allclose(_tower(config, params, longer, 12), z, atol=1e-5)
   np.testing.assert_allclose(_tower(config, params, SCENES[:1, :5], 12), z[:1], atol=1e-5)
   # The PAD embedding never reaches the output (padding keys are masked).
+  # (A random shift: a constant one would vanish in the LayerNorms.)
+  shift = jax.random.normal(jax.random.key(30), (16,))
   moved = jax.tree.map(lambda x: x, params)
-  moved["embed"]["embedding"] = params["embed"]["embedding"].at[PAD].add(5.0)
+  moved["embed"]["embedding"] = params["embed"]["embedding"].at[PAD].add(shift)
   np.testing.assert_allclose(_tower(config, moved, SCENES, 12), z, atol=1e-5)
   # ... while a real token's embedding does.
-  moved["embed"]["embedding"] = params["embed"]["embedding"].at[EOS].add(5.0)
+  moved["embed"]["embedding"] = params["embed"]["embedding"].at[EOS].add(shift)
   assert not np.allclose(_tower(config, moved, SCENES, 12), z, atol=1e-3)
 
 
@@ -182,7 +184,8 @@ def test_causal_mask_only_in_clip(variant, causal):
   valid = jnp.ones((2, 6), bool)
   params = block.init(jax.random.key(6), x, valid)
   y = block.apply(params, x, valid)
-  y_changed = block.apply(params, x.at[:, 4:].add(1.0), valid)
+  shift = jax.random.normal(jax.random.key(31), (16,))  # not constant: LayerNorm removes that
+  y_changed = block.apply(params, x.at[:, 4:].add(shift), valid)
   assert np.allclose(y[:, :4], y_changed[:, :4], atol=1e-6) == causal
   assert not np.allclose(y[:, 4:], y_changed[:, 4:], atol=1e-3)
 

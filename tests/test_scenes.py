@@ -120,8 +120,12 @@ def check_batch(batch, space, sampler, tables, split):
   np.testing.assert_array_equal(batch.object_active_B, expected.any(-1))
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-@pytest.mark.parametrize("split", ["train", "test"])
+# (config, split) pairs to compile: every config on "train", two on "test".
+PAIRS = [(name, "train") for name in sorted(CONFIGS)] + [("c2v20k2", "test"),
+                                                         ("per_concept", "test")]
+
+
+@pytest.mark.parametrize("name,split", PAIRS)
 def test_labels_match_brute_force(name, split):
   space, sampler, _ = CONFIGS[name]
   for seed in range(3):
@@ -131,8 +135,9 @@ def test_labels_match_brute_force(name, split):
 
 @hypothesis.settings(max_examples=15, deadline=None)
 @hypothesis.given(seed=st.integers(0, 2**31 - 1), split_seed=st.integers(0, 3),
-                  name=st.sampled_from(sorted(CONFIGS)), split=st.sampled_from(["train", "test"]))
-def test_labels_match_brute_force_random_keys(seed, split_seed, name, split):
+                  pair=st.sampled_from(PAIRS))
+def test_labels_match_brute_force_random_keys(seed, split_seed, pair):
+  name, split = pair
   space, sampler, _ = CONFIGS[name]
   batch, tables = _sample(name, seed, split, split_seed)
   check_batch(batch, space, sampler, tables, split)
@@ -153,11 +158,17 @@ def test_swap_negatives_change_one_concept(mode):
   space = world.ObjectSpace((4, 3, 5), 4)
   sampler = scenes.SamplerConfig(64, swaps_per_scene=3, swap_concepts=mode)
   tables = world.coverage_split(space, 0.2, 1)    # few objects: many shared values
-  count_B, _, _, objects_BxKxC = scenes._draw_scenes(
-      jax.random.key(0), jnp.asarray(tables.permutation), jnp.int32(tables.num_train), space,
-      sampler, "train")
-  swap_ids, concept, i, j = jax.tree.map(np.asarray, scenes._swap_negatives(
-      jax.random.key(1), count_B, objects_BxKxC, space, sampler))
+
+  @jax.jit
+  def draw_and_swap(key):
+    words = scenes._random_words(key, space, sampler)
+    count_B, _, _, objects_BxKxC = scenes._draw_scenes(
+        words, jnp.asarray(tables.permutation), jnp.int32(tables.num_train), space, "train")
+    return count_B, objects_BxKxC, scenes._swap_negatives(
+        words, count_B, objects_BxKxC, space, sampler)
+
+  count_B, objects_BxKxC, swaps = draw_and_swap(jax.random.key(0))
+  swap_ids, concept, i, j = jax.tree.map(np.asarray, swaps)
   count_B, objects_BxKxC = np.asarray(count_B), np.asarray(objects_BxKxC)
   seen_same = 0
   for row in range(sampler.batch_size):
@@ -184,17 +195,17 @@ def test_swap_negatives_change_one_concept(mode):
 
 
 def test_counts_and_objects_are_uniform():
-  space = world.ObjectSpace.uniform(2, 3, 3)
-  sampler = scenes.SamplerConfig(4096)
-  tables = world.coverage_split(space, 0.5, 0)
-  batch = scenes.sample_batch(jax.random.key(3), tables.permutation, tables.num_train,
-                              space=space, sampler=sampler, split="train")
-  counts = np.bincount(np.asarray(batch.num_objects_B), minlength=4)[1:]
-  assert counts.min() > 4096 / 3 * 0.9
-  ids = space.object_ids(np.asarray(batch.objects_BxKxC)[np.asarray(batch.object_mask_BxK)])
-  frequency = np.bincount(ids, minlength=9)[tables.train_ids]
-  assert frequency.min() > ids.size / 4 * 0.9     # 4 training objects, with replacement
-  assert np.bincount(ids, minlength=9)[tables.heldout_ids].sum() == 0
+  space, sampler, _ = CONFIGS["tiny_world"]     # K=3, 4 training objects of 9, B=16
+  tables = _split("tiny_world")
+  counts, frequency = np.zeros(4), np.zeros(9)
+  for seed in range(200):
+    batch, _ = _sample("tiny_world", 1000 + seed)
+    counts += np.bincount(batch.num_objects_B, minlength=4)
+    frequency += np.bincount(space.object_ids(batch.objects_BxKxC[batch.object_mask_BxK]),
+                             minlength=9)
+  assert counts[0] == 0 and counts[1:].min() > counts.sum() / 3 * 0.9
+  assert frequency[tables.train_ids].min() > frequency.sum() / tables.num_train * 0.9
+  assert frequency[tables.heldout_ids].sum() == 0
 
 
 def test_same_key_same_batch_different_keys_differ():
@@ -258,7 +269,7 @@ def test_empty_test_pool_gives_inactive_rows():
 
 def test_large_object_space():
   space = world.ObjectSpace.uniform(3, 50, 3)      # |O| = 125,000
-  sampler = scenes.SamplerConfig(64, built_negatives_per_positive=1)
+  sampler = scenes.SamplerConfig(16, built_negatives_per_positive=1)
   tables = world.coverage_split(space, 0.5, 0)
   batch = jax.tree.map(np.asarray, scenes.sample_batch(
       jax.random.key(0), tables.permutation, tables.num_train, space=space, sampler=sampler,

@@ -197,8 +197,8 @@ def read_reference_folder(directory, embeddings_file=None):
     path = find_embeddings_file(directory)
   else:
     path = os.fspath(embeddings_file)
-    if not os.path.isabs(path) and not os.path.exists(path):
-      path = os.path.join(directory, path)
+    if not os.path.isabs(path) and os.path.exists(os.path.join(directory, path)):
+      path = os.path.join(directory, path)  # relative to the folder first, then to the cwd
     if not os.path.exists(path):
       raise ValueError(f"embeddings file {embeddings_file} not found (also looked in "
                        f"{directory})")
@@ -214,7 +214,7 @@ def read_reference_folder(directory, embeddings_file=None):
         raise ValueError(f"{json_path}: {len(data['captions'])} captions for {len(scenes)} "
                          f"scenes in {dataset_path}")
       captions = [str(c) for c in data["captions"]]
-  value_names = meta.get("value_names", meta.get("concept_values"))
+  concept_names, value_names = _names(meta)
   provenance = {
       "source": "reference", "folder": os.path.abspath(directory),
       "embeddings_file": os.path.relpath(os.path.abspath(path), os.path.abspath(directory)),
@@ -225,8 +225,8 @@ def read_reference_folder(directory, embeddings_file=None):
     provenance["model"] = meta["model"]
   provenance.update(info)
   full = embeddings_lib.EmbeddingSet(
-      np.zeros((len(scenes), array.shape[1]), np.float32), objects, num_objects, tuple(values),
-      concept_names=meta.get("concept_names"), value_names=value_names, captions=captions,
+      np.zeros((len(scenes), 1), np.float32), objects, num_objects, tuple(values),
+      concept_names=concept_names, value_names=value_names, captions=captions,
       provenance=provenance)
   out = full if rows is None else full.subset(rows)
   out.embeddings = array
@@ -237,6 +237,18 @@ def read_reference_folder(directory, embeddings_file=None):
     raise ValueError(f"{directory} ({os.path.basename(path)}, "
                      f"{os.path.basename(dataset_path)}, metadata.json): {e}") from None
   return out
+
+
+def _names(meta):
+  """(concept_names, value_names) from metadata: concept_names + concept_values / value_names,
+  or names = {concept: [value names]}."""
+  concept_names = meta.get("concept_names")
+  value_names = meta.get("value_names", meta.get("concept_values"))
+  names = meta.get("names")
+  if isinstance(names, dict) and all(isinstance(v, list) for v in names.values()):
+    concept_names = concept_names or list(names)
+    value_names = value_names or list(names.values())
+  return concept_names, value_names
 
 
 def _match_rows(num_rows, num_objects, path, dataset_path):

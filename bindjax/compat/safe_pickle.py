@@ -170,6 +170,7 @@ def rebuild_tensor(storage, storage_offset, size, stride):
     raise pickle.UnpicklingError(f"tensor rebuild expected a torch storage, got {storage!r}")
   size = tuple(int(s) for s in size)
   stride = tuple(int(s) for s in stride)
+  storage_offset = int(storage_offset)
   if len(size) != len(stride) or any(s < 0 for s in size + stride) or storage_offset < 0:
     raise pickle.UnpicklingError(f"bad tensor geometry: size {size}, stride {stride}, "
                                  f"offset {storage_offset}")
@@ -196,7 +197,8 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=Fals
 def _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks,
                        dtype, metadata=None):
   del requires_grad, backward_hooks, metadata
-  if isinstance(dtype, TorchDtype) and storage.storage_type.name == "UntypedStorage":
+  if (isinstance(storage, Storage) and isinstance(dtype, TorchDtype) and
+      storage.storage_type.name == "UntypedStorage"):
     storage = Storage.from_bytes(dtype.storage_type, storage.data.tobytes(),
                                  storage.data.size // dtype.storage_type.dtype.itemsize)
   return rebuild_tensor(storage, storage_offset, size, stride)

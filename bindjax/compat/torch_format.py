@@ -15,7 +15,6 @@ Everything goes through `safe_pickle` (no code from the file runs); tensors beco
 import io
 import os
 import pickle
-import pickletools
 import struct
 import zipfile
 
@@ -44,7 +43,8 @@ def load(path):
       return _load_stream(f)
   except safe_pickle.RefusedGlobalError as e:
     raise safe_pickle.RefusedGlobalError(e.name) from None
-  except (pickle.UnpicklingError, EOFError, struct.error, zipfile.BadZipFile, KeyError) as e:
+  except (pickle.UnpicklingError, EOFError, struct.error, zipfile.BadZipFile, KeyError,
+          TypeError, ValueError, IndexError) as e:
     raise ValueError(f"{path}: not a readable torch.save file or pickle: {e}") from e
 
 
@@ -100,21 +100,21 @@ def _load_stream(f):
   object_start = f.tell()
   # The storage bytes come after the object: first learn each storage's type and size with
   # tensor rebuilds switched off, then read the bytes, then unpickle the object for real.
-  specs = {}
+  storage_types = {}
 
   def record(pid):
-    _, storage_type, key, _, numel, view = _check_pid(pid, 6)
-    specs[key] = (storage_type, int(numel), view)
+    _, storage_type, key, _, _, _ = _check_pid(pid, 6)
+    storage_types[key] = storage_type
 
   _DryRunUnpickler(f, record, encoding="latin1").load()
-  object_end = f.tell()
   keys = safe_pickle.load(f)
   count_format = "<q" if byteorder == "little" else ">q"
   roots = {}
   for key in keys:
-    if key not in specs:
-      raise pickle.UnpicklingError(f"legacy torch file lists storage {key!r} the object never uses")
-    storage_type = specs[key][0]
+    if key not in storage_types:
+      raise pickle.UnpicklingError(f"legacy torch file lists storage {key!r} that the object "
+                                   "never uses")
+    storage_type = storage_types[key]
     (numel,) = struct.unpack(count_format, f.read(8))
     itemsize = 1 if storage_type.name == "UntypedStorage" else storage_type.dtype.itemsize
     raw = f.read(numel * itemsize)
@@ -132,7 +132,6 @@ def _load_stream(f):
 
   f.seek(object_start)
   obj = safe_pickle.load(f, persistent_load)
-  assert f.tell() == object_end
   f.seek(data_end)
   return obj
 

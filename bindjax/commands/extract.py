@@ -1,0 +1,64 @@
+"""`bindjax extract --workdir=RUN --objects=all|train|held-out [--out=DIR]` (SPEC §12).
+
+Turns a trained dual encoder into an embedding set (native format) with concept and object
+probe vectors, readable by `bindjax probe`, `complexity`, `decompose`, `interventions`, `mds`.
+Default output: RUN/embeddings_<objects>. An original PyTorch checkpoint works too:
+`bindjax extract --checkpoint=FILE.pt --out=DIR [--split=object_split_seed0_frac0.8000.npz]`.
+"""
+import os
+import sys
+
+from absl import flags
+
+from bindjax.commands import flags as flags_lib
+
+
+def main(argv):
+  """Runs the command; returns the exit code."""
+  fv = flags_lib.new_flag_values(with_config=False)
+  flags.DEFINE_enum("objects", "all", ["all", "train", "held-out"], "objects whose ordered pairs "
+                    "are embedded", flag_values=fv)
+  flags.DEFINE_enum("which", "best", ["best", "latest"], "checkpoint of a bindjax workdir",
+                    flag_values=fv)
+  flags.DEFINE_string("checkpoint", None, "original PyTorch checkpoint file (instead of "
+                      "--workdir)", flag_values=fv)
+  flags.DEFINE_list("values_per_concept", None, "V_c per concept for --checkpoint (default: "
+                    "equal split of the vocabulary)", flag_values=fv)
+  flags.DEFINE_string("split", None, "SPEC §13 split file for --checkpoint with --objects="
+                      "train/held-out", flag_values=fv)
+  flags.DEFINE_string("out", None, "output directory (default: WORKDIR/embeddings_<objects>)",
+                      flag_values=fv)
+  flags.DEFINE_bool("single_objects", False, "also embed each object alone (first rows), e.g. "
+                    "for the single-object intervention bank", flag_values=fv)
+  flags.DEFINE_integer("batch_size", 4096, "scenes per tower call", flag_values=fv)
+  flags.DEFINE_bool("overwrite", False, "replace --out if it exists", flag_values=fv)
+  flags_lib.parse(fv, argv)
+  workdir, checkpoint = fv["workdir"].value, fv["checkpoint"].value
+  if (workdir is None) == (checkpoint is None):
+    raise flags_lib.UsageError(f"{argv[0]}: pass exactly one of --workdir (bindjax run) or "
+                               "--checkpoint (PyTorch file)")
+  out = fv["out"].value
+  if out is None:
+    if workdir is None:
+      raise flags_lib.UsageError(f"{argv[0]}: --out is required with --checkpoint")
+    out = os.path.join(workdir, f"embeddings_{fv['objects'].value}")
+  from bindjax import extract  # pylint: disable=g-import-not-at-top
+  try:
+    if os.path.exists(out) and not fv["overwrite"].value:
+      raise ValueError(f"{out} exists; pass --overwrite to replace it")
+    if workdir is not None:
+      trained = extract.load_workdir(workdir, fv["which"].value)
+    else:
+      values = fv["values_per_concept"].value
+      trained = extract.load_reference(checkpoint, values and [int(v) for v in values],
+                                       fv["split"].value)
+    embedding_set = extract.extract(trained, fv["objects"].value, fv["single_objects"].value,
+                                    fv["batch_size"].value)
+    embedding_set.save(out, overwrite=fv["overwrite"].value)
+  except ValueError as e:
+    print(f"{argv[0]}: {e}", file=sys.stderr)
+    return 1
+  print(f"{out}: {embedding_set.num_scenes} scenes x {embedding_set.dim} dims from "
+        f"{len(embedding_set.provenance['object_ids'])} objects ({fv['objects'].value}), "
+        f"step {trained.step}; probes {sorted(embedding_set.probes)}")
+  return 0

@@ -1,0 +1,214 @@
+"""Trained dual encoder -> EmbeddingSet (SPEC §12), so every frozen-embedding analysis runs on it.
+
+Sources: a `bindjax train` workdir (config.json + orbax checkpoints; best checkpoint by default) or
+an original PyTorch checkpoint file (through bindjax.compat.torch_checkpoint, no torch needed).
+
+Objects: all |O| ids, or the training / held-out ids of the run's coverage split, ascending.
+Scenes: every ordered pair of those objects including identical ones, row-major (scene 1 is
+[o_0, o_1]); optionally preceded by each object alone. Embeddings come from the scene tower.
+Probes: "concept_{c}" [V_c, D] = normalised query-tower outputs of concept c's tokens, "object"
+[U, D] = normalised outputs of the object queries, rows in the set's object_ids() order (which is
+ascending id order here). For "dot" models the per-query bias (last output) is dropped and the
+vectors are kept unnormalised, so dot products rank like the model's logits up to that bias.
+"""
+import dataclasses
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bindjax import embeddings
+from bindjax import models
+from bindjax import world
+
+OBJECT_SETS = ("all", "train", "held-out")
+CHECKPOINTS = ("best", "latest")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+  """Parameters of a dual encoder with the object space and split it was trained on."""
+  params: dict
+  model: models.ModelConfig
+  space: world.ObjectSpace
+  split: world.CoverageSplit | None
+  step: int
+  source: dict
+
+
+def _has_steps(directory):
+  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def load_workdir(workdir, which="best"):
+  """TrainedModel from a `bindjax train` workdir; ValueError naming what is missing or wrong.
+
+  which: "best" (best held-out object accuracy; falls back to the latest checkpoint when no best
+  one was kept) or "latest". Reads only: never creates files in the workdir.
+  """
+  from bindjax import checkpoint  # pylint: disable=g-import-not-at-top
+  from bindjax import train  # pylint: disable=g-import-not-at-top
+  if which not in CHECKPOINTS:
+    raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
+  workdir = os.path.abspath(os.fspath(workdir))
+  if not os.path.isdir(workdir):
+    raise ValueError(f"workdir {workdir} does not exist")
+  config_path = os.path.join(workdir, train.CONFIG_FILE)
+  if not os.path.exists(config_path):
+    raise ValueError(f"workdir {workdir}: no {train.CONFIG_FILE}; expected a `bindjax train` "
+                     "workdir (or pass a PyTorch checkpoint file with --checkpoint)")
+  try:
+    with open(config_path) as f:
+      config = ml_collections.ConfigDict(json.load(f))
+    spec = train.RunSpec.from_config(config)
+    hyper, split = train.hyper_from_config(config, spec)
+  except (ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
+    raise ValueError(f"{config_path}: cannot rebuild the model from this config: {e}") from None
+  directory = os.path.join(workdir, train.CHECKPOINT_DIR)
+  available = [w for w in CHECKPOINTS if _has_steps(os.path.join(directory, w))]
+  if not available:
+    raise ValueError(f"workdir {workdir}: no checkpoint under {directory} (expected best/<step> "
+                     "or latest/<step>); has the run saved one yet?")
+  which = which if which in available else available[0]
+  abstract = jax.eval_shape(lambda h: train.init(h.key, spec, h), hyper)
+  ckpt = checkpoint.Checkpoints(directory)
+  try:
+    restored = ckpt.restore(abstract, which=which)
+  except Exception as e:  # orbax raises many types for mismatched trees
+    raise ValueError(f"workdir {workdir}: the {which} checkpoint does not match the model of "
+                     f"{train.CONFIG_FILE}: {type(e).__name__}: {e}") from None
+  finally:
+    ckpt.close()
+  step, state, _ = restored
+  return TrainedModel(params=state.params, model=spec.model, space=spec.space, split=split,
+                      step=int(step), source={"source": "bindjax_workdir", "workdir": workdir,
+                                              "checkpoint": which})
+
+
+def load_reference(path, values_per_concept=None, split_path=None):
+  """TrainedModel from an original PyTorch dual-encoder checkpoint file.
+
+  values_per_concept: per-concept value counts (default: Σ V_c from the vocabulary shared equally
+  by the C concepts of the query length); split_path: a SPEC §13 split file, needed for
+  objects="train" / "held-out".
+  """
+  from bindjax.compat import torch_checkpoint  # pylint: disable=g-import-not-at-top
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    raise ValueError(f"checkpoint file {path} does not exist")
+  params, fields, step = torch_checkpoint.load_reference_checkpoint(path)
+  model = models.ModelConfig(**fields)
+  num_concepts = model.query_length - 3
+  num_tokens = model.vocab_size - 4
+  if num_concepts < 1 or (model.scene_length - 1) % (num_concepts + 2):
+    raise ValueError(f"{path}: scene_length={model.scene_length}, query_length="
+                     f"{model.query_length} do not fit SPEC §1 lengths (C+2)·K+1 and C+3")
+  max_objects = (model.scene_length - 1) // (num_concepts + 2)
+  if values_per_concept is None:
+    if num_tokens % num_concepts:
+      raise ValueError(f"{path}: {num_tokens} concept tokens do not split equally over "
+                       f"{num_concepts} concepts; pass values_per_concept")
+    values_per_concept = (num_tokens // num_concepts,) * num_concepts
+  values_per_concept = tuple(int(v) for v in values_per_concept)
+  if len(values_per_concept) != num_concepts or sum(values_per_concept) != num_tokens:
+    raise ValueError(f"values_per_concept={list(values_per_concept)}: the checkpoint has "
+                     f"{num_concepts} concepts and {num_tokens} concept tokens")
+  space = world.ObjectSpace(values_per_concept, max_objects)
+  split = world.CoverageSplit.load(split_path, space) if split_path else None
+  params = jax.tree_util.tree_map(jnp.asarray, params)
+  return TrainedModel(params=params, model=model, space=space, split=split, step=step,
+                      source={"source": "reference_checkpoint", "checkpoint_file":
+                              os.path.abspath(path), "split_file": split_path})
+
+
+def object_ids_for(trained, objects):
+  """Ascending object ids of `objects` (all | train | held-out)."""
+  if objects not in OBJECT_SETS:
+    raise ValueError(f"objects={objects!r}: expected one of {OBJECT_SETS}")
+  if objects == "all":
+    trained.space.check_enumerable("extraction of all objects")
+    return np.arange(trained.space.num_objects, dtype=np.int32)
+  if trained.split is None:
+    raise ValueError(f"objects={objects!r} needs the coverage split; this model has none "
+                     "(pass the split file)")
+  ids = trained.split.train_ids if objects == "train" else trained.split.heldout_ids
+  if len(ids) == 0:
+    raise ValueError(f"objects={objects!r}: the split has no such objects (coverage "
+                     f"{trained.split.coverage})")
+  return np.sort(np.asarray(ids, np.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "tower"))
+def _apply_tower(params, tokens_BxL, config, tower):
+  method = (models.DualEncoder.encode_scenes if tower == "scene"
+            else models.DualEncoder.encode_queries)
+  return models.DualEncoder(config).apply({"params": params}, tokens_BxL, method=method)
+
+
+def _encode(trained, tower, tokens_NxL, batch_size):
+  fn = functools.partial(_apply_tower, config=trained.model, tower=tower)
+  n = len(tokens_NxL)
+  size = min(batch_size, max(n, 1))
+  out = []
+  for start in range(0, n, size):
+    chunk = tokens_NxL[start:start + size]
+    pad = size - len(chunk)
+    if pad:  # one compiled shape: pad the last chunk with copies of its first row
+      chunk = np.concatenate([chunk, np.repeat(chunk[:1], pad, axis=0)])
+    out.append(np.asarray(fn(trained.params, jnp.asarray(chunk)))[:size - pad])
+  return np.concatenate(out).astype(np.float32)
+
+
+def _probe_vectors(trained, q_QxD):
+  if trained.model.similarity == "dot":
+    return q_QxD[:, :-1]
+  return q_QxD / (models.NORM_EPS + np.linalg.norm(q_QxD, axis=-1, keepdims=True))
+
+
+def extract(trained, objects="all", single_objects=False, batch_size=4096):
+  """EmbeddingSet of all ordered pairs of the chosen objects (SPEC §12), with probe vectors."""
+  space = trained.space
+  if space.max_objects < 2:
+    raise ValueError(f"scenes are pairs of objects but the model was trained with max_objects="
+                     f"{space.max_objects}")
+  if (trained.model.scene_length, trained.model.query_length) != (space.scene_length,
+                                                                  space.query_length):
+    raise ValueError(f"model lengths {trained.model.scene_length}/{trained.model.query_length} "
+                     f"do not match the space's {space.scene_length}/{space.query_length}")
+  ids_U = object_ids_for(trained, objects)
+  values_UxC = space.object_values(ids_U)
+  num_u, num_c = len(ids_U), space.num_concepts
+  first_P, second_P = np.divmod(np.arange(num_u * num_u), num_u)
+  objects_NxKxC = np.full((num_u * num_u, space.max_objects, num_c), -1, np.int32)
+  objects_NxKxC[:, 0] = values_UxC[first_P]
+  objects_NxKxC[:, 1] = values_UxC[second_P]
+  num_objects_N = np.full(num_u * num_u, 2, np.int32)
+  if single_objects:
+    singles = np.full((num_u, space.max_objects, num_c), -1, np.int32)
+    singles[:, 0] = values_UxC
+    objects_NxKxC = np.concatenate([singles, objects_NxKxC])
+    num_objects_N = np.concatenate([np.ones(num_u, np.int32), num_objects_N])
+  tokens_NxL = np.asarray(space.scene_tokens(objects_NxKxC, num_objects_N))
+  z_NxD = _encode(trained, "scene", tokens_NxL, batch_size)
+  concept_q = _probe_vectors(trained, _encode(
+      trained, "query", space.concept_query_tokens(), batch_size))
+  object_q = _probe_vectors(trained, _encode(
+      trained, "query", np.asarray(space.object_query_tokens(ids_U)),
+      batch_size))
+  offsets = space.concept_token_offsets
+  probes = {f"concept_{c}": concept_q[offsets[c]:offsets[c] + v]
+            for c, v in enumerate(space.values_per_concept)}
+  probes["object"] = object_q
+  provenance = dict(trained.source, step=trained.step, objects=objects,
+                    object_ids=ids_U.tolist(), similarity=trained.model.similarity,
+                    single_objects=bool(single_objects), model="bindjax dual encoder")
+  if trained.split is not None:
+    provenance["coverage"] = float(trained.split.coverage)
+  out = embeddings.EmbeddingSet(z_NxD, objects_NxKxC, num_objects_N, space.values_per_concept,
+                                provenance=provenance, probes=probes)
+  out.validate()
+  return out

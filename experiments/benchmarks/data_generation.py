@@ -1,0 +1,137 @@
+"""Scene generator throughput: scenes/s with all queries and labels, compiled and warmed up.
+
+  .venv/bin/python experiments/benchmarks/data_generation.py            # B=512, C=2, V=20, K=2
+  .venv/bin/python experiments/benchmarks/data_generation.py --repeats=9 --seconds=1
+
+Each row times `repeats` runs of at least `seconds` each, blocking on every call's result (so no
+run is flattered by queued asynchronous work), and reports the median scenes/s with its min/max.
+Rows: one batch per call (what a train step does), several batches per call (`sample_batches`,
+dispatch amortised), the test split, and a 125,000-object world. Prints a table and writes JSON
+(atomically) to experiments/benchmarks/results/data_generation.json.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+import bindjax
+from bindjax import scenes
+from bindjax import world
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                       "data_generation.json")
+
+
+def _time_runs(fn, scenes_per_call, repeats, seconds):
+  """scenes/s of `repeats` runs, each calling fn() until `seconds` have passed."""
+  rates = []
+  for r in range(repeats):
+    calls, start = 0, time.perf_counter()
+    while True:
+      jax.block_until_ready(fn(jax.random.key(r * 1_000_003 + calls)))
+      calls += 1
+      elapsed = time.perf_counter() - start
+      if elapsed >= seconds:
+        break
+    rates.append(calls * scenes_per_call / elapsed)
+  return rates
+
+
+def benchmark_row(name, space, sampler, split, coverage, batches_per_call, repeats, seconds):
+  """Compiles, warms up and times one configuration; returns a JSON-able dict."""
+  tables = world.coverage_split(space, coverage, 0)
+  permutation = jnp.asarray(tables.permutation)
+  num_train = jnp.int32(tables.num_train)
+  if batches_per_call == 1:
+    def fn(key):
+      return scenes.sample_batch(key, permutation, num_train, space=space, sampler=sampler,
+                                 split=split)
+  else:
+    def fn(key):
+      return scenes.sample_batches(key, permutation, num_train, batches_per_call, space=space,
+                                   sampler=sampler, split=split)
+  start = time.perf_counter()
+  jax.block_until_ready(fn(jax.random.key(0)))
+  compile_s = time.perf_counter() - start
+  for i in range(3):
+    jax.block_until_ready(fn(jax.random.key(1 + i)))
+  rates = _time_runs(fn, sampler.batch_size * batches_per_call, repeats, seconds)
+  return dict(
+      name=name, split=split, coverage=coverage, batch_size=sampler.batch_size,
+      batches_per_call=batches_per_call, num_concepts=space.num_concepts,
+      values_per_concept=list(space.values_per_concept), max_objects=space.max_objects,
+      num_objects=space.num_objects, num_concept_queries=sampler.num_concept_queries(space),
+      num_object_queries=sampler.num_object_queries(space), compile_and_first_call_s=compile_s,
+      repeats=repeats, seconds_per_repeat=seconds,
+      scenes_per_s_median=statistics.median(rates), scenes_per_s_min=min(rates),
+      scenes_per_s_max=max(rates), scenes_per_s_all=rates)
+
+
+def write_json(path, payload):
+  """Writes JSON to a temporary name in the same directory, then renames it into place."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(payload, f, indent=2)
+    f.write("\n")
+  os.replace(tmp, path)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--batch_size", type=int, default=512)
+  parser.add_argument("--num_concepts", type=int, default=2)
+  parser.add_argument("--num_values", type=int, default=20)
+  parser.add_argument("--max_objects", type=int, default=2)
+  parser.add_argument("--coverage", type=float, default=0.8)
+  parser.add_argument("--batches_per_call", type=int, default=8)
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--seconds", type=float, default=0.5, help="minimum length of one run")
+  parser.add_argument("--skip_extra_rows", action="store_true",
+                      help="only the main configuration (1 and N batches per call)")
+  parser.add_argument("--output", default=RESULTS)
+  args = parser.parse_args(argv)
+
+  space = world.ObjectSpace.uniform(args.num_concepts, args.num_values, args.max_objects)
+  sampler = scenes.SamplerConfig(args.batch_size)
+  common = dict(repeats=args.repeats, seconds=args.seconds)
+  rows = [
+      benchmark_row("main", space, sampler, "train", args.coverage, 1, **common),
+      benchmark_row("main", space, sampler, "train", args.coverage, args.batches_per_call,
+                    **common)]
+  if not args.skip_extra_rows:
+    rows.append(benchmark_row("test split", space, sampler, "test", args.coverage, 1, **common))
+    big = world.ObjectSpace.uniform(3, 50, args.max_objects)
+    rows.append(benchmark_row("|O|=125,000", big, sampler, "train", args.coverage, 1, **common))
+
+  header = (f"{'row':<12} {'split':<5} {'|O|':>7} {'B':>4} {'batches':>7} {'Qo':>4} "
+            f"{'scenes/s median':>15} {'min':>9} {'max':>9} {'compile s':>9}")
+  print(header)
+  print("-" * len(header))
+  for row in rows:
+    print(f"{row['name']:<12} {row['split']:<5} {row['num_objects']:>7} {row['batch_size']:>4} "
+          f"{row['batches_per_call']:>7} {row['num_object_queries']:>4} "
+          f"{row['scenes_per_s_median']:>15,.0f} {row['scenes_per_s_min']:>9,.0f} "
+          f"{row['scenes_per_s_max']:>9,.0f} {row['compile_and_first_call_s']:>9.2f}")
+  payload = dict(
+      benchmark="data_generation", target_scenes_per_s=200_000,
+      command="python experiments/benchmarks/data_generation.py " + " ".join(
+          f"--{k}={v}" for k, v in vars(args).items() if k != "output"),
+      environment=dict(
+          bindjax=bindjax.__version__, jax=jax.__version__, backend=jax.default_backend(),
+          devices=[str(d) for d in jax.devices()], cpu_count=os.cpu_count(),
+          load_average_1min=os.getloadavg()[0], python=platform.python_version(),
+          time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+      rows=rows)
+  write_json(args.output, payload)
+  print(f"wrote {args.output}")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,60 @@
+r"""Binding-function complexity grid (SPEC §11): approximators × train fractions, batch-fitted.
+
+  bindjax complexity --config=experiments/complexity.py:smoke --workdir=/tmp/complexity
+  bindjax complexity --config=experiments/complexity.py:paper \
+      --config.embeddings=path/to/embedding_set --workdir=runs/complexity_clevr
+
+Presets: `smoke` (seconds: 3 fractions × 3 small models, 200 steps, on tests/data/clevr_text),
+`cpu` (the paper grid at 1,000 steps), `paper` (f = 0.1..0.9 × {MLP 1024, product,
+sum+product}, lr 1e-2, 4,000 steps, constant learning rate as in the original code). Append
+`,trees` to also fit the random-forest approximator on the same splits.
+
+`embeddings` is a native embedding set or a folder of the original code; the frozen probes are
+the set's stored ones, a probes.npz (`probes_file`, as `bindjax probe` writes), or fitted on all
+scenes (`probes="fit"`). `models` is a comma list: mlp:W1xW2.., additive, product, product:W
+(learned W), sum_product, sum_product:W, per_object_product.
+"""
+import os
+
+import ml_collections
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def get_config(arg="smoke"):
+  """Config for preset `arg` (smoke | cpu | paper, optionally `,trees`)."""
+  parts = [p for p in (arg or "smoke").split(",") if p]
+  preset, options = parts[0], set(parts[1:])
+  if preset not in ("smoke", "cpu", "paper") or options - {"trees"}:
+    raise ValueError(f"complexity config arg={arg!r}: expected smoke|cpu|paper[,trees]")
+  c = ml_collections.ConfigDict()
+  c.embeddings = os.path.join(_REPO, "tests", "data", "clevr_text")
+  c.probes = "auto"             # auto | stored | fit
+  c.probes_file = ""            # probes.npz written by `bindjax probe`
+  c.probe_steps = 10_000
+  c.probe_similarity = "dot"
+  c.models = "mlp:1024,product,sum_product"
+  c.embed_dim = 0               # slot embedding width; 0 = embedding width D
+  c.train_fractions = tuple(round(0.1 * i, 1) for i in range(1, 10))
+  c.seeds = (0,)
+  c.learning_rates = (1e-2,)
+  c.steps = 4000
+  c.eval_every = 100
+  c.schedule = "constant"       # the original's effective schedule; "cosine" decays to 0
+  c.chunk_size = "auto"         # auto | none | an integer number of models per chunk
+  c.memory_bytes = 0            # 0: the device's memory
+  c.trees = "trees" in options  # also fit tree approximators (bindjax.probes.trees)
+  c.tree_models = "random_forest"
+  c.tree_estimators = 100
+  c.overwrite = False
+  if preset == "smoke":
+    c.models = "mlp:64,product,sum_product"
+    c.train_fractions = (0.3, 0.5, 0.7)
+    c.steps = 200
+    c.eval_every = 50
+    c.probe_steps = 500
+    c.schedule = "cosine"
+    c.tree_estimators = 20
+  elif preset == "cpu":
+    c.steps = 1000
+  return c
