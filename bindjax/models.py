@@ -298,7 +298,8 @@ class MLP(nn.Module):
 class Tower(nn.Module):
   """tokens_BxL (int) -> z_BxO: the encoder read out at the EOS (last non-PAD) position.
 
-  `max_length` sizes the learned positions of the "clip" variant (inputs may be shorter).
+  `max_length` sizes the learned positions of the "clip" variant (inputs may be shorter);
+  the sinusoidal positions of "pre_ln" take any length.
   """
   config: ModelConfig
   out_features: int
@@ -311,9 +312,10 @@ class Tower(nn.Module):
     if tokens_BxL.ndim != 2:
       raise ValueError(f"Tower expects tokens [batch, length], got shape {tokens_BxL.shape}")
     length = tokens_BxL.shape[1]
-    if length > self.max_length:
-      raise ValueError(f"Tower: token length {length} exceeds max_length={self.max_length}")
     clip = cfg.variant == "clip"
+    if clip and length > self.max_length:
+      raise ValueError(f"Tower: token length {length} exceeds max_length={self.max_length} "
+                       "(the number of learned positions of the clip variant)")
 
     embed_init = nn.initializers.normal(0.02) if clip else _xavier
     x_BxLxD = nn.Embed(cfg.vocab_size, d, embedding_init=embed_init, name="embed")(tokens_BxL)

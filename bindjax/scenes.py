@@ -14,7 +14,7 @@ padded to static maxima and carry masks:
 
 Distinct sets: first occurrences through a table indexed by object id (a scatter-min; sorts
 above 2^20 objects); random subsets by one sort of random priorities given to first occurrences. All random numbers of a batch
-come from one `jax.random.bits` call (one threefry instance: fast to compile and to run).
+come from one counter-mode threefry call (fast to compile and to run).
 """
 import dataclasses
 import functools
@@ -154,38 +154,68 @@ def _compact(ids_N, keep_N, size, fill):
 
 
 def _membership_labels(ids_BxK, query_ids_Q, query_mask_Q, num_objects):
-  """bool [B, Q]: query q is one of the objects of scene b."""
-  b, q = ids_BxK.shape[0], query_ids_Q.shape[0]
+  """float32 [B, Q]: 1 where query q is one of the objects of scene b."""
+  q = query_ids_Q.shape[0]
   if num_objects > _TABLE_LIMIT:
     hits_BxQ = jnp.any(ids_BxK[:, :, None] == query_ids_Q[None, None, :], axis=1)
-    return hits_BxQ & query_mask_Q[None, :]
-  # column of each object id among the queries (q = "none"), then one scatter per scene slot.
+    return (hits_BxQ & query_mask_Q[None, :]).astype(jnp.float32)
+  # Column of each object id among the queries (q: none), then one scatter per scene slot.
   column_O = jnp.full((num_objects + 1,), q, jnp.int32).at[
       jnp.where(query_mask_Q, query_ids_Q, num_objects)].set(jnp.arange(q, dtype=jnp.int32))
   column_O = column_O.at[num_objects].set(q)
   column_BxK = column_O[jnp.where(ids_BxK >= 0, ids_BxK, num_objects)]
-  rows_BxK = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], column_BxK.shape)
-  return jnp.zeros((b, q), bool).at[rows_BxK, column_BxK].set(True, mode="drop")
+  return _scatter_rows(column_BxK, q, jnp.float32)
 
 
 def _word_layout(space, sampler):
-  """Shapes of the random words one batch consumes (all drawn by a single threefry call)."""
-  b, k, c, s = sampler.batch_size, space.max_objects, space.num_concepts, sampler.swaps_per_scene
+  """Shapes of the random words one batch consumes (all from one counter-mode threefry call)."""
+  b, k, s = sampler.batch_size, space.max_objects, sampler.swaps_per_scene
   layout = {"count": (b,), "draw": (b, k), "positive": (b * k,)}
   if sampler.num_concept_queries(space) < space.num_concept_tokens:
     layout["concept"] = (space.num_concept_tokens,)
   if sampler.num_swap_negatives(space):
-    layout["swap_i"] = layout["swap_j"] = (b, s)
-    layout["swap_c"] = (b, s) if sampler.swap_concepts == "any" else (b, s, c)
+    layout["swap"] = (b, s)      # one word gives slots i, j and the concept (mixed radix)
   if sampler.built_negatives_per_positive:
     layout["built"] = (sampler.num_positive_queries(space), sampler.built_negatives_per_positive)
   return layout
 
 
+def _rotate_left(x, r):
+  return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+
+
+def _threefry2x32(key0, key1, x0, x1):
+  """Threefry-2x32 with 20 rounds (Salmon et al. 2011), unrolled: XLA:CPU runs jax's rolled
+  version as a while loop, about twice as slow for the few thousand words a batch needs."""
+  rotations = ((13, 15, 26, 6), (17, 29, 16, 24))
+  keys = (key0, key1, key0 ^ key1 ^ np.uint32(0x1BD11BDA))
+  x0, x1 = x0 + keys[0], x1 + keys[1]
+  for i in range(5):
+    for r in rotations[i % 2]:
+      x0 = x0 + x1
+      x1 = _rotate_left(x1, r) ^ x0
+    x0 = x0 + keys[(i + 1) % 3]
+    x1 = x1 + keys[(i + 2) % 3] + np.uint32(i + 1)
+  return x0, x1
+
+
+def _random_bits(key, n):
+  """n random uint32 words from `key`: counter-mode threefry on the key's data for threefry keys
+  (typed or raw uint32[2]); jax.random.bits for other key implementations."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if str(jax.random.key_impl(key)) != "threefry2x32":
+      return jax.random.bits(key, (n,), jnp.uint32)
+    key = jax.random.key_data(key)
+  key = jnp.asarray(key).astype(jnp.uint32)
+  counter = jnp.arange((n + 1) // 2, dtype=jnp.uint32)
+  high, low = _threefry2x32(key[0], key[1], jnp.zeros_like(counter), counter)
+  return jnp.concatenate([high, low])[:n]
+
+
 def _random_words(key, space, sampler):
   layout = _word_layout(space, sampler)
   sizes = [int(np.prod(shape)) for shape in layout.values()]
-  words = jax.random.bits(key, (sum(sizes),), jnp.uint32)
+  words = _random_bits(key, sum(sizes))
   pieces = jnp.split(words, np.cumsum(sizes)[:-1])
   return {name: piece.reshape(shape) for (name, shape), piece in zip(layout.items(), pieces)}
 
@@ -209,19 +239,29 @@ def _draw_scenes(words, permutation_O, num_train, space, split):
   return count_B, slot_mask_BxK, ids_BxK, objects_BxKxC
 
 
+def _scatter_rows(columns_BxN, num_columns, dtype):
+  """[B, num_columns] with a one at (b, columns[b, n]); columns >= num_columns are dropped."""
+  rows_BxN = jnp.broadcast_to(
+      jnp.arange(columns_BxN.shape[0], dtype=jnp.int32)[:, None], columns_BxN.shape)
+  return jnp.zeros((columns_BxN.shape[0], num_columns), dtype).at[rows_BxN, columns_BxN].set(
+      1, mode="drop")
+
+
 def _concept_queries(words, objects_BxKxC, slot_mask_BxK, space, sampler):
   num_tokens = space.num_concept_tokens
-  tokens_BxKxC = space.concept_tokens(objects_BxKxC)
-  hits_BxKxCxT = tokens_BxKxC[..., None] == jnp.arange(num_tokens, dtype=jnp.int32)
-  present_BxT = jnp.any(hits_BxKxCxT & slot_mask_BxK[:, :, None, None], axis=(1, 2))
-  batch_present_T = jnp.any(present_BxT, axis=0)
+  tokens_BxKxC = jnp.where(slot_mask_BxK[..., None], space.concept_tokens(objects_BxKxC),
+                           num_tokens)
+  present_BxT = _scatter_rows(tokens_BxKxC.reshape(tokens_BxKxC.shape[0], -1), num_tokens,
+                              jnp.float32)
+  batch_present_T = jnp.any(present_BxT > 0, axis=0)
   num_queries = sampler.num_concept_queries(space)
   if num_queries == num_tokens:
     token_Qc = jnp.arange(num_tokens, dtype=jnp.int32)
     mask_Qc = batch_present_T
+    labels_BxQc = present_BxT          # absent tokens are masked and all-zero columns already
   else:
     token_Qc, mask_Qc = _random_subset(words["concept"], batch_present_T, num_queries)
-  labels_BxQc = jnp.take(present_BxT, token_Qc, axis=1) & mask_Qc[None, :]
+    labels_BxQc = jnp.where(mask_Qc[None, :], jnp.take(present_BxT, token_Qc, axis=1), 0.0)
   query_tokens_QcxLq = jnp.asarray(space.concept_query_tokens())[token_Qc]
   return query_tokens_QcxLq, mask_Qc, labels_BxQc
 
@@ -241,19 +281,28 @@ def _swap_negatives(words, count_B, objects_BxKxC, space, sampler):
   Returns swapped ids [B,S] (|O| where there is no swap), and the concepts and slots used.
   """
   b, s, c = sampler.batch_size, sampler.swaps_per_scene, space.num_concepts
-  n_Bx1 = jnp.maximum(count_B[:, None], 1)
-  i_BxS = _below(words["swap_i"], n_Bx1)
-  j_BxS = (i_BxS + 1 + _below(words["swap_j"], jnp.maximum(n_Bx1 - 1, 1))) % n_Bx1
+  n_Bx1 = jnp.maximum(count_B[:, None], 1).astype(jnp.uint32)
+  others_Bx1 = jnp.maximum(n_Bx1 - 1, 1)
+  word_BxS = words["swap"]
+  i_BxS = (word_BxS % n_Bx1).astype(jnp.int32)
+  word_BxS = word_BxS // n_Bx1
+  j_BxS = ((i_BxS + 1 + (word_BxS % others_Bx1).astype(jnp.int32)) %
+           n_Bx1.astype(jnp.int32))
+  word_BxS = word_BxS // others_Bx1
   source_BxSxC = jnp.take_along_axis(objects_BxKxC, i_BxS[..., None], axis=1)
   donor_BxSxC = jnp.take_along_axis(objects_BxKxC, j_BxS[..., None], axis=1)
   valid_BxS = jnp.broadcast_to(count_B[:, None] >= 2, (b, s))
   if sampler.swap_concepts == "any":
-    concept_BxS = _below(words["swap_c"], c)
+    concept_BxS = (word_BxS % np.uint32(c)).astype(jnp.int32)
   else:
     differ_BxSxC = source_BxSxC != donor_BxSxC
-    priority_BxSxC = jnp.where(differ_BxSxC, (words["swap_c"] >> 1).astype(jnp.int32), -1)
-    concept_BxS = jnp.argmax(priority_BxSxC, axis=-1).astype(jnp.int32)
-    valid_BxS = valid_BxS & jnp.any(differ_BxSxC, axis=-1)
+    num_differ_BxS = differ_BxSxC.sum(-1).astype(jnp.uint32)
+    rank_BxS = (word_BxS % jnp.maximum(num_differ_BxS, 1)).astype(jnp.int32)
+    # the rank-th differing concept
+    concept_BxS = jnp.argmax(
+        differ_BxSxC & (jnp.cumsum(differ_BxSxC, axis=-1) == rank_BxS[..., None] + 1),
+        axis=-1).astype(jnp.int32)
+    valid_BxS = valid_BxS & (num_differ_BxS > 0)
   swapped_BxSxC = jnp.where(jnp.arange(c, dtype=jnp.int32) == concept_BxS[..., None],
                             donor_BxSxC, source_BxSxC)
   ids_BxS = space.object_ids(jnp.maximum(swapped_BxSxC, 0))
@@ -303,13 +352,13 @@ def _sample_batch(key, permutation_O, num_train, space, sampler, split):
       num_objects_B=count_B,
       concept_query_tokens_QcxLq=concept_tokens,
       concept_query_mask_Qc=concept_mask,
-      concept_labels_BxQc=concept_labels.astype(jnp.float32),
-      concept_active_B=jnp.any(concept_labels, axis=-1),
+      concept_labels_BxQc=concept_labels,
+      concept_active_B=jnp.any(concept_labels > 0, axis=-1),
       object_query_tokens_QoxLq=object_tokens,
       object_query_ids_Qo=object_ids,
       object_query_mask_Qo=object_mask,
-      object_labels_BxQo=object_labels.astype(jnp.float32),
-      object_active_B=jnp.any(object_labels, axis=-1))
+      object_labels_BxQo=object_labels,
+      object_active_B=jnp.any(object_labels > 0, axis=-1))
 
 
 _sample_batch_jit = jax.jit(_sample_batch, static_argnames=("space", "sampler", "split"))

@@ -16,7 +16,8 @@ Presets (the ARG after the colon):
 Any field can be overridden, e.g. --config.grid.seeds=[0,1] --config.sweep.chunk_size=8
 --config.num_steps=2000. Sweep settings: sweep.chunk_size (-1 automatic from device memory, 0 all
 replicas at once, n replicas at a time), sweep.num_data (devices per replica group; the rest of
-the devices form the "replica" mesh axis), sweep.memory_fraction.
+the devices form the "replica" mesh axis), sweep.memory_fraction, sweep.fast_compile (cheaper
+XLA compiles of slower code: for tiny models).
 """
 import ml_collections
 
@@ -28,7 +29,8 @@ COVERAGES_0_1_TO_0_9 = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
 def get_config(arg="smoke"):
   """Sweep config for preset `arg` (smoke | cpu | paper | paper_20m)."""
   c = train.default_config()
-  c.sweep = ml_collections.ConfigDict(dict(chunk_size=-1, num_data=1, memory_fraction=0.7))
+  c.sweep = ml_collections.ConfigDict(dict(chunk_size=-1, num_data=1, memory_fraction=0.7,
+                                           fast_compile=False))
   c.grid = ml_collections.ConfigDict(dict(
       spaces=[[2, 20]], coverages=list(COVERAGES_0_1_TO_0_9), seeds=[0, 1, 2],
       learning_rates=[], weight_decays=[], models=[]))
@@ -36,6 +38,7 @@ def get_config(arg="smoke"):
     c.grid.spaces = [[2, 4], [2, 6]]
     c.grid.coverages = [0.3, 0.6, 0.9]
     c.grid.seeds = [0, 1]
+    c.sweep.fast_compile = True
     c.model.update(d_model=32, num_heads=2, num_layers=1, d_ff=64, d_out=16)
     c.sampler.update(batch_size=32, max_concept_queries=16, max_positive_queries=16)
     c.optimizer.learning_rate = 1e-3

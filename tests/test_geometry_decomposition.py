@@ -1,6 +1,7 @@
 """Additive decomposition and the subtraction suite (SPEC §10) on planted and real embeddings."""
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -19,6 +20,12 @@ PROBE = linear.ProbeConfig(steps=300)
 CONFIG = decomposition.DecompositionConfig(fit=FIT, probe=PROBE)
 SMALL_FLAGS = ["--config=experiments/geometry.py:smoke", "--config.decomposition.steps=300",
                "--config.decomposition.batch_size=256", "--config.probe.steps=300"]
+
+
+def run_command(monkeypatch, argv):
+  # ml_collections reads --config.field overrides from sys.argv, as under the real CLI.
+  monkeypatch.setattr(sys, "argv", list(argv))
+  return decompose_command.main(argv)
 
 
 @pytest.fixture(scope="module")
@@ -119,33 +126,33 @@ def test_index_helpers():
   assert common.r_squared(np.eye(3), np.eye(3)) == 1.0
 
 
-def test_single_object_bank_without_single_objects_is_rejected(tmp_path):
+def test_single_object_bank_without_single_objects_is_rejected(tmp_path, monkeypatch):
   es = planted.planted_set("position_dependent", single_objects=False)
   bad = decomposition.DecompositionConfig(fit=FIT, probe=PROBE, banks=("single-object",))
   with pytest.raises(ValueError, match="single-object"):
     decomposition.run_decomposition(es, bad)
   es.save(tmp_path / "set")
   out = tmp_path / "out"
-  code = decompose_command.main(["bindjax decompose", f"--embeddings={tmp_path / 'set'}",
-                                 f"--workdir={out}", *SMALL_FLAGS,
-                                 "--config.decomposition.banks=single-object"])
+  code = run_command(monkeypatch, ["bindjax decompose", f"--embeddings={tmp_path / 'set'}",
+                                   f"--workdir={out}", *SMALL_FLAGS,
+                                   "--config.decomposition.banks=single-object"])
   assert code == 1 and not out.exists()
   # Without a request the bank is simply not run.
   res = decomposition.run_decomposition(es, CONFIG)
   assert res["banks"] == ["obj-avg", "pos-avg"]
 
 
-def test_command_writes_strict_json_and_refuses_to_overwrite(tmp_path, capsys):
+def test_command_writes_strict_json_and_refuses_to_overwrite(tmp_path, capsys, monkeypatch):
   planted.planted_set("position_dependent", noise=0.05).save(tmp_path / "set")
   argv = ["bindjax decompose", f"--embeddings={tmp_path / 'set'}",
           f"--workdir={tmp_path / 'out'}", *SMALL_FLAGS, "--config.model_name=planted"]
-  assert decompose_command.main(argv) == 0
+  assert run_command(monkeypatch, argv) == 0
   path = tmp_path / "out" / decomposition.RESULTS_FILE
   text = path.read_text()
   results = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
   assert results["model"] == "planted" and results["dataset"] == "set"
   assert set(results["subtraction"]) == set(decomposition.SUITE)
   assert "R² object model" in capsys.readouterr().out
-  assert decompose_command.main(argv) == 1
+  assert run_command(monkeypatch, argv) == 1
   assert path.read_text() == text
   assert sorted(os.listdir(tmp_path / "out")) == [decomposition.RESULTS_FILE]

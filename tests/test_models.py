@@ -1,5 +1,6 @@
 """Towers and dual encoder (SPEC §4, §5): shapes, init, masks, read-out, similarities, errors."""
 import dataclasses
+import functools
 import math
 import types
 
@@ -21,14 +22,24 @@ QUERIES = np.array([[0, EOS, PAD, PAD, PAD], [5, EOS, PAD, PAD, PAD],
                     [SOO, 1, 5, EOO, EOS], [SOO, 3, 4, EOO, EOS]], np.int32)
 
 
-def _apply(config, params, tokens, method):
+CLIP = dataclasses.replace(TINY, variant="clip", scene_length=12)
+DOT = dataclasses.replace(TINY, similarity="dot")
+
+
+@functools.cache
+def _params(config):
+  return models.init_params(jax.random.key(0), config)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _encode(config, params, tokens, method="encode_scenes"):
   model = models.DualEncoder(config)
-  return model.apply({"params": params}, jnp.asarray(tokens), method=method)
+  return model.apply({"params": params}, tokens, method=getattr(models.DualEncoder, method))
 
 
-def _tower(config, params, tokens, max_length=None):
-  tower = models.Tower(config, config.d_out, max_length or tokens.shape[1])
-  return jax.jit(tower.apply)({"params": params}, jnp.asarray(tokens))
+def _logits(config, params, z, q, cap):
+  model = models.DualEncoder(config)
+  return model.apply({"params": params}, z, q, cap, method=models.DualEncoder.logits)
 
 
 def test_parameter_count_published_config():
@@ -90,7 +101,7 @@ def _check_uniform(x, limit):
 
 def test_pre_ln_init_statistics():
   config = _stats_config("pre_ln")
-  tower = models.init_params(jax.random.key(1), config)["scene_tower"]
+  tower = _params(config)["scene_tower"]
   d, f = 64, 256
   xavier = lambda fan_in, fan_out: math.sqrt(6 / (fan_in + fan_out))
   _check_uniform(tower["embed"]["embedding"], xavier(300, d))
@@ -115,7 +126,7 @@ def test_pre_ln_init_statistics():
 
 def test_clip_init_statistics():
   config = _stats_config("clip")
-  tower = models.init_params(jax.random.key(2), config)["scene_tower"]
+  tower = _params(config)["scene_tower"]
   d, n = 64, 2
   std = lambda x: float(np.asarray(x).std())
   assert std(tower["embed"]["embedding"]) == pytest.approx(0.02, rel=0.05)
@@ -146,147 +157,119 @@ def test_eos_positions():
   np.testing.assert_array_equal(models.eos_positions(jnp.asarray(SCENES), PAD), [4, 8, 8])
 
 
-@pytest.mark.parametrize("variant", ["pre_ln", "clip"])
-def test_output_ignores_padding(variant):
-  config = dataclasses.replace(TINY, variant=variant, scene_length=12)
-  params = models.init_params(jax.random.key(3), config)["scene_tower"]
-  z = _tower(config, params, SCENES, max_length=12)
-  # Longer padding, shorter padding: same read-out.
+@pytest.mark.parametrize("config", [TINY, CLIP], ids=["pre_ln", "clip"])
+def test_output_ignores_padding(config):
+  params = _params(config)
+  z = _encode(config, params, SCENES)
+  # Longer padding: same read-out.
   longer = np.concatenate([SCENES, np.full((3, 3), PAD, np.int32)], axis=1)
-  np.testing.assert_allclose(_tower(config, params, longer, 12), z, atol=1e-5)
-  np.testing.assert_allclose(_tower(config, params, SCENES[:1, :5], 12), z[:1], atol=1e-5)
-  # The PAD embedding never reaches the output (padding keys are masked).
-  # (A random shift: a constant one would vanish in the LayerNorms.)
+  np.testing.assert_allclose(_encode(config, params, longer), z, atol=1e-5)
+  # The PAD embedding never reaches the output (padding keys are masked) ...
+  # (a random shift: a constant one would vanish in the LayerNorms)
   shift = jax.random.normal(jax.random.key(30), (16,))
+  embedding = params["scene_tower"]["embed"]["embedding"]
   moved = jax.tree.map(lambda x: x, params)
-  moved["embed"]["embedding"] = params["embed"]["embedding"].at[PAD].add(shift)
-  np.testing.assert_allclose(_tower(config, moved, SCENES, 12), z, atol=1e-5)
+  moved["scene_tower"]["embed"]["embedding"] = embedding.at[PAD].add(shift)
+  np.testing.assert_allclose(_encode(config, moved, SCENES), z, atol=1e-5)
   # ... while a real token's embedding does.
-  moved["embed"]["embedding"] = params["embed"]["embedding"].at[EOS].add(shift)
-  assert not np.allclose(_tower(config, moved, SCENES, 12), z, atol=1e-3)
-
-
-def test_padding_mask_matters_without_it():
-  # Same tokens but PAD renamed to a real token id: outputs change, so the mask is what hides it.
-  config = TINY
-  params = models.init_params(jax.random.key(4), config)["scene_tower"]
-  z = _tower(config, params, SCENES[:1])
-  unmasked = dataclasses.replace(config, pad_token=0)
-  z_unmasked = _tower(unmasked, params, np.where(SCENES[:1] == PAD, PAD, SCENES[:1]))
-  assert not np.allclose(z, z_unmasked, atol=1e-3)
+  moved["scene_tower"]["embed"]["embedding"] = embedding.at[EOS].add(shift)
+  assert not np.allclose(_encode(config, moved, SCENES), z, atol=1e-3)
 
 
 @pytest.mark.parametrize("variant, causal", [("clip", True), ("pre_ln", False)])
-def test_causal_mask_only_in_clip(variant, causal):
+def test_causal_mask_only_in_clip_and_readout_row(variant, causal):
   config = dataclasses.replace(TINY, variant=variant)
   block = models.Block(config)
-  x = jax.random.normal(jax.random.key(5), (2, 6, 16))
-  valid = jnp.ones((2, 6), bool)
+  x = jax.random.normal(jax.random.key(5), (3, 9, 16))
+  valid = jnp.ones((3, 9), bool)
   params = block.init(jax.random.key(6), x, valid)
   y = block.apply(params, x, valid)
   shift = jax.random.normal(jax.random.key(31), (16,))  # not constant: LayerNorm removes that
   y_changed = block.apply(params, x.at[:, 4:].add(shift), valid)
   assert np.allclose(y[:, :4], y_changed[:, :4], atol=1e-6) == causal
   assert not np.allclose(y[:, 4:], y_changed[:, 4:], atol=1e-3)
-
-
-@pytest.mark.parametrize("variant", ["pre_ln", "clip"])
-def test_readout_block_equals_full_block_row(variant):
-  config = dataclasses.replace(TINY, variant=variant)
-  block = models.Block(config)
-  x = jax.random.normal(jax.random.key(7), (3, 9, 16))
+  # The read-out block (queries and MLP for one row only) equals that row of the full block,
+  # with padding keys masked.
   valid = jnp.asarray(SCENES != PAD)
   eos = models.eos_positions(jnp.asarray(SCENES), PAD)
-  params = block.init(jax.random.key(8), x, valid)
   full = block.apply(params, x, valid)
-  row = block.apply(params, x, valid, eos)
-  np.testing.assert_allclose(row, full[jnp.arange(3), eos], atol=1e-5)
+  np.testing.assert_allclose(block.apply(params, x, valid, eos), full[jnp.arange(3), eos],
+                             atol=1e-5)
 
 
 def test_dual_encoder_shapes_and_cosine_logits():
-  params = models.init_params(jax.random.key(9), TINY)
+  params = _params(TINY)
   assert set(params) == {"scene_tower", "query_tower", "tau"}
   assert float(params["tau"]) == pytest.approx(1.15)
-  z = _apply(TINY, params, SCENES, models.DualEncoder.encode_scenes)
-  q = _apply(TINY, params, QUERIES, models.DualEncoder.encode_queries)
+  z = _encode(TINY, params, SCENES)
+  q = _encode(TINY, params, QUERIES, "encode_queries")
   assert z.shape == (3, 8) and q.shape == (4, 8) and z.dtype == jnp.float32
-  model = models.DualEncoder(TINY)
-  logits = model.apply({"params": params}, z, q, 10.0, method=models.DualEncoder.logits)
+  logits = _logits(TINY, params, z, q, 10.0)
   zn = np.asarray(z) / (1e-6 + np.linalg.norm(z, axis=-1, keepdims=True))
   qn = np.asarray(q) / (1e-6 + np.linalg.norm(q, axis=-1, keepdims=True))
   np.testing.assert_allclose(logits, math.exp(1.15) * zn @ qn.T, rtol=1e-5)
   # __call__ gives both towers.
-  z2, q2 = model.apply({"params": params}, jnp.asarray(SCENES), jnp.asarray(QUERIES))
-  np.testing.assert_allclose(z2, z, atol=1e-6)
-  np.testing.assert_allclose(q2, q, atol=1e-6)
+  z2, q2 = models.DualEncoder(TINY).apply({"params": params}, SCENES, QUERIES)
+  np.testing.assert_allclose(z2, z, atol=1e-5)
+  np.testing.assert_allclose(q2, q, atol=1e-5)
 
 
 def test_tau_cap():
-  params = models.init_params(jax.random.key(10), TINY)
-  params = {**params, "tau": jnp.float32(math.log(50.0))}
-  model = models.DualEncoder(TINY)
+  params = {**_params(TINY), "tau": jnp.float32(math.log(50.0))}
   z = jnp.array([[1.0, 0, 0, 0, 0, 0, 0, 0]])
   q = jnp.array([[2.0, 0, 0, 0, 0, 0, 0, 0], [0, 3.0, 0, 0, 0, 0, 0, 0]])
-  logit = lambda cap: model.apply({"params": params}, z, q, cap, method=models.DualEncoder.logits)
-  np.testing.assert_allclose(logit(TINY.train_logit_cap), [[10.0, 0.0]], rtol=1e-5)
-  np.testing.assert_allclose(logit(TINY.eval_logit_cap), [[50.0, 0.0]], rtol=1e-5)
+  np.testing.assert_allclose(_logits(TINY, params, z, q, TINY.train_logit_cap), [[10.0, 0.0]],
+                             rtol=1e-5)
+  np.testing.assert_allclose(_logits(TINY, params, z, q, TINY.eval_logit_cap), [[50.0, 0.0]],
+                             rtol=1e-5)
 
 
 def test_dot_similarity_uses_last_query_feature_as_bias():
-  config = dataclasses.replace(TINY, similarity="dot")
-  params = models.init_params(jax.random.key(11), config)
-  q = _apply(config, params, QUERIES, models.DualEncoder.encode_queries)
-  z = _apply(config, params, SCENES, models.DualEncoder.encode_scenes)
+  params = _params(DOT)
+  q = _encode(DOT, params, QUERIES, "encode_queries")
+  z = _encode(DOT, params, SCENES)
   assert q.shape == (4, 9) and z.shape == (3, 8)
-  model = models.DualEncoder(config)
-  logits = model.apply({"params": params}, z, q, 10.0, method=models.DualEncoder.logits)
-  np.testing.assert_allclose(logits, np.asarray(z) @ np.asarray(q)[:, :8].T + np.asarray(q)[:, 8],
+  np.testing.assert_allclose(_logits(DOT, params, z, q, 10.0),
+                             np.asarray(z) @ np.asarray(q)[:, :8].T + np.asarray(q)[:, 8],
                              rtol=1e-5, atol=1e-6)
 
 
 def test_jit_vmap_over_replicas_and_gradients():
-  config = TINY
-  keys = jax.random.split(jax.random.key(12), 2)
-  params_R = jax.vmap(lambda k: models.init_params(k, config))(keys)
-  model = models.DualEncoder(config)
+  one = _params(TINY)
+  other = jax.tree.map(lambda x: x * 0.5, one)
+  params_R = jax.tree.map(lambda a, b: jnp.stack([a, b]), other, one)
+  model = models.DualEncoder(TINY)
 
   def loss(params):
-    z, q = model.apply({"params": params}, jnp.asarray(SCENES), jnp.asarray(QUERIES))
+    z, q = model.apply({"params": params}, SCENES, QUERIES)
     return model.apply({"params": params}, z, q, 10.0, method=models.DualEncoder.logits).sum()
 
   grads_R = jax.jit(jax.vmap(jax.grad(loss)))(params_R)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads_R))
   assert float(jnp.abs(grads_R["tau"]).min()) > 0
   # Replica 1 equals running replica 1 alone.
-  one = jax.tree.map(lambda x: x[1], params_R)
-  np.testing.assert_allclose(jax.tree.leaves(jax.grad(loss)(one))[0],
-                             jax.tree.leaves(grads_R)[0][1], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(jax.tree.leaves(jax.jit(jax.grad(loss))(one))[0],
+                             jax.tree.leaves(grads_R)[0][1], rtol=1e-4, atol=1e-6)
 
 
 def test_bfloat16_compute_keeps_float32_params_and_outputs():
   config = dataclasses.replace(TINY, compute_dtype="bfloat16")
-  params = models.init_params(jax.random.key(13), config)
-  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
-  z = _apply(config, params, SCENES, models.DualEncoder.encode_scenes)
-  z32 = _apply(TINY, params, SCENES, models.DualEncoder.encode_scenes)
+  params = _params(TINY)
+  z = _encode(config, params, SCENES)
   assert z.dtype == jnp.float32
-  np.testing.assert_allclose(z, z32, atol=0.1, rtol=0.05)
+  np.testing.assert_allclose(z, _encode(TINY, params, SCENES), atol=0.1, rtol=0.05)
 
 
 def test_too_long_input_is_rejected():
-  config = dataclasses.replace(TINY, variant="clip")
-  params = models.init_params(jax.random.key(14), config)
   with pytest.raises(ValueError, match="exceeds max_length=5"):
-    _apply(config, params, SCENES, models.DualEncoder.encode_queries)
+    _encode(CLIP, _params(CLIP), SCENES, "encode_queries")
 
 
 def test_tower_flops_matches_compiled_cost():
-  config = models.ModelConfig(vocab_size=12, pad_token=PAD, scene_length=9, query_length=5,
-                              d_model=64, num_heads=4, num_layers=3, d_ff=256, d_out=8)
-  params = models.init_params(jax.random.key(15), config)
+  config = _stats_config("pre_ln")
+  params = _params(config)
   tokens = jnp.asarray(np.repeat(SCENES, 20, axis=0))
-  compiled = jax.jit(lambda p, t: models.DualEncoder(config).apply(
-      {"params": p}, t, method=models.DualEncoder.encode_scenes)).lower(params, tokens).compile()
+  compiled = _encode.lower(config, params, tokens, "encode_scenes").compile()
   flops = compiled.cost_analysis()["flops"]
   expected = models.tower_flops(config, 60, 9)
   # XLA also counts elementwise work (norms, GELU, softmax): a few percent on top.

@@ -294,3 +294,24 @@ def test_argument_errors():
     scenes.SamplerConfig(8, swap_concepts="some")
   with pytest.raises(ValueError, match="too large"):
     scenes.sampler_for(world.ObjectSpace.uniform(8, 20, 2), sampler, "train")
+
+
+def test_threefry_matches_jax_and_key_kinds_agree():
+  import jax.extend  # pylint: disable=g-import-not-at-top
+  key_data = jax.random.key_data(jax.random.key(42))
+  counter = jnp.arange(16, dtype=jnp.uint32)
+  expected = jax.extend.random.threefry_2x32(key_data,
+                                             jnp.concatenate([jnp.zeros_like(counter), counter]))
+  high, low = scenes._threefry2x32(key_data[0], key_data[1], jnp.zeros_like(counter), counter)
+  np.testing.assert_array_equal(np.concatenate([high, low]), expected)
+  # Typed threefry keys and their raw uint32[2] data give the same batch; other PRNG
+  # implementations fall back to jax.random.bits.
+  space, sampler, _ = CONFIGS["tiny_world"]
+  tables = _split("tiny_world")
+  sample = scenes.sampler_for(space, sampler, "train")
+  typed = sample(jax.random.key(7), tables.permutation, tables.num_train)
+  raw = sample(jax.random.key_data(jax.random.key(7)), tables.permutation, tables.num_train)
+  chex.assert_trees_all_equal(typed, raw)
+  rbg = jax.tree.map(np.asarray, sample(jax.random.key(7, impl="rbg"), tables.permutation,
+                                        tables.num_train))
+  check_batch(rbg, space, sampler, tables, "train")

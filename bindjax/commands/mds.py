@@ -43,8 +43,9 @@ def main(argv):
     outputs = [s + ext for s in stems for ext in (".json", ".png")]
     outputs.append(os.path.join(workdir, "mds_grid.png"))
     common.refuse_existing(outputs, fv["overwrite"].value)
-    results = [mds.run_mds(embedding_set, q, str(cfg.bank), int(cfg.random_state), n_init=int(
-        cfg.n_init), **concepts) for q in quadruples]
+    ctx = mds.context(embedding_set, str(cfg.bank), **concepts)
+    results = [mds.run_mds(embedding_set, q, random_state=int(cfg.random_state),
+                           n_init=int(cfg.n_init), ctx=ctx) for q in quadruples]
   except ValueError as e:
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1

@@ -56,9 +56,23 @@ def parse_quadruple(embedding_set, spec, attribute_concept=0, shape_concept=1):
   return Quadruple((a, b), (x, y))
 
 
-def quadruple_points(embedding_set, quadruple, bank="pos-avg", attribute_concept=0,
-                     shape_concept=1):
-  """(labels, kinds, vectors [12, D]) of a quadruple; ValueError naming anything the set lacks."""
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What every quadruple of one set and bank needs (build once with `context`)."""
+  embedding_set: object
+  bank: str
+  attribute_concept: int
+  shape_concept: int
+  values_Nx2xC: np.ndarray
+  centred_NxD: np.ndarray
+  bank_vectors: common.ObjectBank
+  bank_centre_D: np.ndarray
+  object_of: dict
+  scene_row: dict
+
+
+def context(embedding_set, bank="pos-avg", attribute_concept=0, shape_concept=1):
+  """Validates the set and bank for quadruples and precomputes the shared pieces."""
   if len(embedding_set.values_per_concept) != 2:
     raise ValueError(f"MDS quadruples need objects of exactly 2 concepts (attribute, shape); the "
                      f"set has values_per_concept={tuple(embedding_set.values_per_concept)}")
@@ -69,61 +83,72 @@ def quadruple_points(embedding_set, quadruple, bank="pos-avg", attribute_concept
   common.check_banks([bank], index)
   embeddings_AxD = np.asarray(embedding_set.embeddings, np.float64)
   mean_D = embeddings_AxD[index.rows_N].mean(0)
-  y_NxD = embeddings_AxD[index.rows_N] - mean_D
-  values_Nx2xC = index.unique_UxC[index.ids_Nx2]
+  centre_D = (embeddings_AxD[index.single_rows_S].mean(0) if bank == "single-object" else mean_D)
+  return Context(
+      embedding_set=embedding_set, bank=bank, attribute_concept=attribute_concept,
+      shape_concept=shape_concept, values_Nx2xC=index.unique_UxC[index.ids_Nx2],
+      centred_NxD=embeddings_AxD[index.rows_N] - mean_D,
+      bank_vectors=common.object_bank(bank, index, embeddings_AxD), bank_centre_D=centre_D,
+      object_of={tuple(int(t) for t in u): i for i, u in enumerate(index.unique_UxC)},
+      scene_row={tuple(int(i) for i in ids): n for n, ids in enumerate(index.ids_Nx2)})
+
+
+def quadruple_points(embedding_set, quadruple, bank="pos-avg", attribute_concept=0,
+                     shape_concept=1, ctx=None):
+  """(labels, kinds, vectors [12, D]) of a quadruple; ValueError naming anything the set lacks.
+
+  Pass `ctx=context(...)` to reuse the precomputed pieces across quadruples.
+  """
+  ctx = ctx or context(embedding_set, bank, attribute_concept, shape_concept)
+  attr_c, shape_c = ctx.attribute_concept, ctx.shape_concept
   (a, b), (x, y) = quadruple.attributes, quadruple.shapes
-  name = lambda c, v: common.value_name(embedding_set, c, v)
+  name = lambda c, v: common.value_name(ctx.embedding_set, c, v)
   labels, kinds, vectors = [], [], []
 
   def mean_of(concept, value, role):
-    rows = np.any(values_Nx2xC[:, :, concept] == value, axis=1)
+    rows = np.any(ctx.values_Nx2xC[:, :, concept] == value, axis=1)
     if not rows.any():
       raise ValueError(f"quadruple {role} {name(concept, value)!r}: no 2-object scene holds it")
-    return y_NxD[rows].mean(0)
+    return ctx.centred_NxD[rows].mean(0)
 
   for v in (a, b):
-    labels.append(name(attribute_concept, v)); kinds.append("attribute")
-    vectors.append(mean_of(attribute_concept, v, "attribute"))
+    labels.append(name(attr_c, v)); kinds.append("attribute")
+    vectors.append(mean_of(attr_c, v, "attribute"))
   for v in (x, y):
-    labels.append(name(shape_concept, v)); kinds.append("shape")
-    vectors.append(mean_of(shape_concept, v, "shape"))
-
-  object_of = {tuple(int(t) for t in u): i for i, u in enumerate(index.unique_UxC)}
+    labels.append(name(shape_c, v)); kinds.append("shape")
+    vectors.append(mean_of(shape_c, v, "shape"))
 
   def object_id(attribute, shape):
     values = [0, 0]
-    values[attribute_concept], values[shape_concept] = attribute, shape
-    oid = object_of.get(tuple(values))
+    values[attr_c], values[shape_c] = attribute, shape
+    oid = ctx.object_of.get(tuple(values))
     if oid is None:
-      raise ValueError(f"quadruple object {name(attribute_concept, attribute)} "
-                       f"{name(shape_concept, shape)}: not in the embedding set")
+      raise ValueError(f"quadruple object {name(attr_c, attribute)} {name(shape_c, shape)}: "
+                       "not in the embedding set")
     return oid
 
-  bank_vectors = common.object_bank(bank, index, embeddings_AxD)
-  centre_D = (embeddings_AxD[index.single_rows_S].mean(0) if bank == "single-object" else mean_D)
   composites = [((a, x), (b, y)), ((a, y), (b, x))]
   estimates = {}
   for pair in composites:
     for slot, (attribute, shape) in enumerate(pair):
       oid = object_id(attribute, shape)
-      table_UxD, present_U = bank_vectors.slot(slot)
+      table_UxD, present_U = ctx.bank_vectors.slot(slot)
       if not present_U[oid]:
-        raise ValueError(f"quadruple object {name(attribute_concept, attribute)} "
-                         f"{name(shape_concept, shape)}: bank {bank!r} has no estimate for it in "
-                         f"slot {slot}")
-      estimates[(attribute, shape)] = table_UxD[oid] - centre_D
+        raise ValueError(f"quadruple object {name(attr_c, attribute)} {name(shape_c, shape)}: "
+                         f"bank {ctx.bank!r} has no estimate for it in slot {slot}")
+      estimates[(attribute, shape)] = table_UxD[oid] - ctx.bank_centre_D
   for attribute, shape in (pair[s] for pair in composites for s in (0, 1)):
-    labels.append(f"{name(attribute_concept, attribute)} {name(shape_concept, shape)}")
+    labels.append(f"{name(attr_c, attribute)} {name(shape_c, shape)}")
     kinds.append("object")
     vectors.append(estimates[(attribute, shape)])
-  scene_row = {tuple(int(i) for i in ids): n for n, ids in enumerate(index.ids_Nx2)}
   sums = []
   for pair in composites:
     ids = tuple(object_id(*obj) for obj in pair)
-    text = " + ".join(f"{name(attribute_concept, o[0])} {name(shape_concept, o[1])}" for o in pair)
-    if ids not in scene_row:
+    text = " + ".join(f"{name(attr_c, o[0])} {name(shape_c, o[1])}" for o in pair)
+    if ids not in ctx.scene_row:
       raise ValueError(f"quadruple composite scene [{text}]: not among the 2-object scenes")
-    labels.append(text); kinds.append("composite"); vectors.append(y_NxD[scene_row[ids]])
+    labels.append(text); kinds.append("composite")
+    vectors.append(ctx.centred_NxD[ctx.scene_row[ids]])
     sums.append((f"sum({text})", estimates[pair[0]] + estimates[pair[1]]))
   for label, vector in sums:
     labels.append(label); kinds.append("sum"); vectors.append(vector)
@@ -158,10 +183,10 @@ def metric_mds(distances_PxP, dims=3, random_state=0, n_init=4, max_iter=300):
 
 
 def run_mds(embedding_set, quadruple, bank="pos-avg", random_state=0, attribute_concept=0,
-            shape_concept=1, n_init=4):
+            shape_concept=1, n_init=4, ctx=None):
   """Points, cosine distances, 3-D coordinates and stress of one quadruple (JSON-ready dict)."""
   labels, kinds, vectors = quadruple_points(embedding_set, quadruple, bank, attribute_concept,
-                                            shape_concept)
+                                            shape_concept, ctx)
   distances = cosine_distances(vectors)
   coords, stress, stress_1 = metric_mds(distances, 3, random_state, n_init)
   composite_rows = [i for i, k in enumerate(kinds) if k == "composite"]

@@ -1,0 +1,239 @@
+"""Coverage sweep: vmapped = separate runs, sharded = unsharded, multi-process, resume, NaN."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from bindjax import sweep
+from bindjax import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "experiments"))
+import coverage_sweep  # noqa: E402
+
+NUM_STEPS = 6
+HEALTHY_LR, HUGE_LR = 3e-3, 1e38
+
+
+def tiny_config():
+  """12 replicas (2 coverages × 3 seeds × 2 learning rates, one of them diverging), 1 bucket."""
+  c = coverage_sweep.get_config("smoke")
+  c.grid.spaces = [[2, 3]]
+  c.grid.coverages = [0.5, 0.8]
+  c.grid.seeds = [0, 1, 2]
+  c.grid.learning_rates = [HEALTHY_LR, HUGE_LR]
+  c.model.update(d_model=16, num_heads=2, num_layers=1, d_ff=32, d_out=8)
+  c.sampler.update(batch_size=8, max_concept_queries=8, max_positive_queries=8)
+  c.num_steps = NUM_STEPS
+  c.eval.update(every=3, batches=2, batch_size=8)
+  c.log_every = 1
+  c.checkpoint.update(every=2, keep=2)
+  return c
+
+
+def get_config(arg=None):
+  """Lets subprocesses use this file as --config."""
+  del arg
+  return tiny_config()
+
+
+def _rows(workdir):
+  return sweep.read_results(os.path.join(workdir, sweep.RESULTS_FILE))
+
+
+def _numbers(row):
+  return {k: v for k, v in row.items() if isinstance(v, float)}
+
+
+def _assert_rows_close(got, expected, rtol=1e-4, atol=1e-5):
+  assert [(r["replica"], r["step"], r["kind"]) for r in got] == [
+      (r["replica"], r["step"], r["kind"]) for r in expected]
+  for a, b in zip(got, expected):
+    assert set(a) == set(b)
+    for key, value in _numbers(b).items():
+      np.testing.assert_allclose(a[key], value, rtol=rtol, atol=atol,
+                                 err_msg=f"replica {b['replica']} step {b['step']} {key}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """The tiny sweep on all 8 fake devices (16 padded replicas, 2 per device)."""
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  done = sweep.run_sweep(tiny_config(), workdir, progress=False)
+  return workdir, done, _rows(workdir)
+
+
+def test_expand_grid_buckets_and_validation():
+  replicas, buckets = sweep.expand_grid(tiny_config())
+  assert len(replicas) == 12 and len(buckets) == 1
+  assert [r.coverage for r in replicas[:6]] == [0.5, 0.5, 0.5, 0.8, 0.8, 0.8]
+  assert [r.num_train for r in replicas[:6:3]] == [4, 7]
+  c = tiny_config()
+  c.grid.spaces = [[2, 3], [2, 4, 3]]
+  c.grid.models = [{"name": "a"}, {"d_model": 8, "num_heads": 2}]
+  replicas, buckets = sweep.expand_grid(c)
+  assert len(replicas) == 48 and len(buckets) == 4
+  assert {r.model for r in replicas} == {"a", "d_model=8,num_heads=2"}
+  assert buckets[2].spec.space.max_objects == 3
+  c.grid.coverages = [0.5, 1.5]
+  with pytest.raises(ValueError, match=r"grid.coverages\[1\]=1.5"):
+    sweep.expand_grid(c)
+  c = tiny_config()
+  c.grid.models = [{"width": 3}]
+  with pytest.raises(ValueError, match="unknown model field 'width'"):
+    sweep.expand_grid(c)
+
+
+def test_sweep_rows_and_nan_replicas(reference):
+  workdir, done, rows = reference
+  assert done["num_replicas"] == 12 and done["num_diverged"] == 6
+  by_replica = {}
+  for row in rows:
+    by_replica.setdefault(row["replica"], []).append(row)
+  for replica, mine in by_replica.items():
+    if mine[0]["learning_rate"] == HUGE_LR:
+      # Flagged once, then left out; nothing else of the sweep is affected.
+      assert [r["kind"] for r in mine] == ["diverged"] and mine[0]["diverged_step"] == 1
+    else:
+      assert [r["step"] for r in mine] == list(range(1, NUM_STEPS + 1))
+      assert [r["kind"] for r in mine] == ["train", "train", "eval"] * 2
+      assert all(np.isfinite(r["loss"]) for r in mine)
+      evaluation = mine[-1]
+      for key in ("heldout/object_accuracy", "heldout/object_accuracy_2obj",
+                  "heldout/concept_accuracy", "train/object_accuracy", "tau", "coverage"):
+        assert evaluation[key] is not None
+  assert len(by_replica) == 12
+  summary = open(os.path.join(workdir, sweep.SUMMARY_FILE)).read().splitlines()
+  assert len(summary) == 1 + 6  # diverged replicas have no evaluation to summarise
+  assert json.load(open(os.path.join(workdir, sweep.CONFIG_FILE)))["grid"]["seeds"] == [0, 1, 2]
+
+
+def test_vmapped_sweep_equals_separate_runs(reference):
+  """The central invariant: replicas of the vmapped, sharded sweep = single unbatched runs."""
+  _, _, rows = reference
+  replicas, buckets = sweep.expand_grid(tiny_config())
+  spec = buckets[0].spec
+  options = sweep.FAST_COMPILE_OPTIONS
+  for index in (0, 4):  # coverage 0.5 seed 0, coverage 0.8 seed 1
+    hyper = jax.device_put(buckets[0].hypers[index])
+    state = jax.jit(lambda h: train.init(h.key, spec, h)).lower(hyper).compile(options)(hyper)
+    step = jax.jit(lambda s, h: train.train_step(s, h, spec)).lower(state, hyper).compile(
+        options)
+    evaluate = jax.jit(lambda p, k, h: train.eval_step(p, k, h, spec)).lower(
+        state.params, train.eval_key(hyper.key, 0), hyper).compile(options)
+    expected = []
+    for done in range(1, NUM_STEPS + 1):
+      state, metrics = step(state, hyper)
+      row = {sweep.RENAMED.get(k, k): float(metrics[k]) for k in sweep.TRAIN_METRICS}
+      if done % 3 == 0:
+        row.update({k: float(v) for k, v in
+                    evaluate(state.params, train.eval_key(hyper.key, done), hyper).items()})
+      expected.append(row)
+    got = [r for r in rows if r["replica"] == index]
+    assert len(got) == NUM_STEPS
+    for a, b in zip(got, expected):
+      for key, value in b.items():
+        np.testing.assert_allclose(a[key], value, rtol=1e-4, atol=1e-5,
+                                   err_msg=f"replica {index} step {a['step']} {key}")
+
+
+def test_unsharded_chunked_equals_sharded(reference, tmp_path):
+  _, _, rows = reference
+  c = tiny_config()
+  c.sweep.chunk_size = 4  # 3 chunks of 4 replicas on one device
+  sweep.run_sweep(c, str(tmp_path), progress=False, devices=jax.devices()[:1])
+  _assert_rows_close(_rows(str(tmp_path)), rows)
+
+
+def test_rerun_into_finished_workdir_does_nothing(reference):
+  workdir, done, _ = reference
+  path = os.path.join(workdir, sweep.RESULTS_FILE)
+  before = (open(path).read(), os.stat(path).st_mtime_ns)
+  messages = []
+  again = sweep.run_sweep(tiny_config(), workdir, progress=False, log=messages.append)
+  assert again == done and "already finished" in messages[0]
+  assert (open(path).read(), os.stat(path).st_mtime_ns) == before
+  other = tiny_config()
+  other.grid.seeds = [5]
+  os.rename(os.path.join(workdir, sweep.DONE_FILE), os.path.join(workdir, "done.bak"))
+  try:
+    with pytest.raises(ValueError, match="different config"):
+      sweep.run_sweep(other, workdir, progress=False)
+  finally:
+    os.rename(os.path.join(workdir, "done.bak"), os.path.join(workdir, sweep.DONE_FILE))
+
+
+def _env(devices):
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "tests")] +
+                                      env.get("PYTHONPATH", "").split(os.pathsep))
+  return env
+
+
+def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
+  """Killed right after writing step 5's rows (a torn line too), resumed from step 4."""
+  _, _, rows = reference
+  workdir = str(tmp_path / "killed")
+  script = textwrap.dedent(f"""
+      import os, signal
+      from bindjax import sweep
+      import test_sweep
+      add = sweep._Results.add
+      def add_then_die(self, bucket, step, *args):
+        add(self, bucket, step, *args)
+        if step == 5:
+          self.file.write('{{"kind": "train", "replica": 0, "st')
+          self.file.flush()
+          os.kill(os.getpid(), signal.SIGKILL)
+      sweep._Results.add = add_then_die
+      sweep.run_sweep(test_sweep.tiny_config(), {workdir!r}, progress=False)
+      """)
+  proc = subprocess.run([sys.executable, "-c", script], env=_env(8), cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+  assert not os.path.exists(os.path.join(workdir, sweep.DONE_FILE))
+  assert max(r["step"] for r in _rows(workdir)) == 5
+  messages = []
+  sweep.run_sweep(tiny_config(), workdir, progress=False, log=messages.append)
+  assert any("resumed from the checkpoint at step 4" in m for m in messages), messages
+  assert _rows(workdir) == rows
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_equal_one(reference, tmp_path):
+  """Two processes × 2 devices joined by jax.distributed on 127.0.0.1, via `bindjax sweep`."""
+  _, _, rows = reference
+  workdir = str(tmp_path / "two")
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "bindjax.cli", "sweep",
+       f"--config={os.path.join(REPO, 'tests', 'test_sweep.py')}", f"--workdir={workdir}",
+       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
+       "--noprogress", "--noreport"],
+      env=_env(2), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
+  outputs = []
+  try:
+    for proc in procs:
+      outputs.append(proc.communicate(timeout=300)[0])
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+  assert "on 4 devices (2 processes)" in outputs[0]
+  _assert_rows_close(_rows(workdir), rows)
