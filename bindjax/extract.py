@@ -152,7 +152,8 @@ def _apply_tower(params, tokens_BxL, config, tower):
 def _encode(trained, tower, tokens_NxL, batch_size):
   fn = functools.partial(_apply_tower, config=trained.model, tower=tower)
   n = len(tokens_NxL)
-  size = min(batch_size, max(n, 1))
+  # Chunks of a power-of-two size: few compiled shapes across object subsets.
+  size = min(batch_size, 1 << max(n - 1, 0).bit_length())
   out = []
   for start in range(0, n, size):
     chunk = tokens_NxL[start:start + size]

@@ -12,9 +12,10 @@ padded to static maxima and carry masks:
     i != j and a concept c, object i with concept c taken from object j), (c) optional built
     negatives (uniform over all objects, per positive).
 
-Distinct sets: first occurrences through a table indexed by object id (a scatter-min; sorts
-above 2^20 objects); random subsets by one sort of random priorities given to first occurrences. All random numbers of a batch
-come from one counter-mode threefry call (fast to compile and to run).
+Distinct sets: first occurrences through a table indexed by object id (a scatter-min; a sort
+above 2^20 objects); random subsets by one sort of random priorities given to first occurrences;
+labels by scattering each scene's objects into the columns of their queries. All random numbers
+of a batch come from one counter-mode threefry call (fast to compile and to run).
 """
 import dataclasses
 import functools
@@ -101,72 +102,7 @@ class SceneBatch:
   object_active_B: jax.Array
 
 
-# Distinct-set helpers. Tables indexed by object id (scatter/gather, O(n)) are used up to this
-# many objects; above it, sorts (independent of |O|).
-_TABLE_LIMIT = 1 << 20
-
-
-def _first_occurrences(ids_N, num_objects):
-  """bool [N]: entry holds a valid id (< num_objects) seen at no earlier position."""
-  n = ids_N.shape[0]
-  position_N = jnp.arange(n, dtype=jnp.int32)
-  valid_N = (ids_N >= 0) & (ids_N < num_objects)
-  ids_N = jnp.where(valid_N, ids_N, num_objects)
-  if num_objects <= _TABLE_LIMIT:
-    first_O = jnp.full((num_objects + 1,), n, jnp.int32).at[ids_N].min(position_N)
-    return valid_N & (first_O[ids_N] == position_N)
-  order_N = jnp.argsort(ids_N, stable=True)
-  sorted_N = ids_N[order_N]
-  starts_N = jnp.concatenate([jnp.ones((1,), bool), sorted_N[1:] != sorted_N[:-1]])
-  return valid_N & jnp.zeros((n,), bool).at[order_N].set(starts_N)
-
-
-def _below(words, n):
-  """Random uint32 words -> int32 in [0, n) (n >= 1, may be traced; bias <= n / 2^32)."""
-  return (words % jnp.asarray(n).astype(jnp.uint32)).astype(jnp.int32)
-
-
-def _random_subset(words_N, keep_N, size):
-  """A uniformly random subset of at most `size` kept positions: (positions [size], valid).
-
-  One single-operand sort of uint32 keys (random priority in the high bits, position in the low
-  bits), which on CPU is several times cheaper than top_k's key-value sort. Equal priorities are
-  broken by position, which only matters at the cut-off and is itself random when positions are.
-  """
-  n = keep_N.shape[0]
-  index_bits = max(1, (n - 1).bit_length())
-  if index_bits > 20:
-    priority_N = jnp.where(keep_N, (words_N >> 1).astype(jnp.int32), -1)
-    top, position = jax.lax.top_k(priority_N, size)
-    return position, top >= 0
-  position_N = jnp.arange(n, dtype=jnp.uint32)
-  high_N = ((words_N >> index_bits) | 1) << index_bits     # never 0 for kept positions
-  sort_key_N = jnp.where(keep_N, high_N | position_N, position_N)
-  top = jnp.sort(sort_key_N)[::-1][:size]
-  position = (top & ((1 << index_bits) - 1)).astype(jnp.int32)
-  return position, (top >> index_bits) > 0
-
-
-def _compact(ids_N, keep_N, size, fill):
-  """The kept ids moved to the front of a [size] array (size >= number kept), rest `fill`."""
-  target_N = jnp.where(keep_N, jnp.cumsum(keep_N) - 1, size)
-  return jnp.full((size,), fill, ids_N.dtype).at[target_N].set(ids_N, mode="drop")
-
-
-def _membership_labels(ids_BxK, query_ids_Q, query_mask_Q, num_objects):
-  """float32 [B, Q]: 1 where query q is one of the objects of scene b."""
-  q = query_ids_Q.shape[0]
-  if num_objects > _TABLE_LIMIT:
-    hits_BxQ = jnp.any(ids_BxK[:, :, None] == query_ids_Q[None, None, :], axis=1)
-    return (hits_BxQ & query_mask_Q[None, :]).astype(jnp.float32)
-  # Column of each object id among the queries (q: none), then one scatter per scene slot.
-  column_O = jnp.full((num_objects + 1,), q, jnp.int32).at[
-      jnp.where(query_mask_Q, query_ids_Q, num_objects)].set(jnp.arange(q, dtype=jnp.int32))
-  column_O = column_O.at[num_objects].set(q)
-  column_BxK = column_O[jnp.where(ids_BxK >= 0, ids_BxK, num_objects)]
-  return _scatter_rows(column_BxK, q, jnp.float32)
-
-
+# Randomness: one counter-mode threefry call per batch, split into named pieces.
 def _word_layout(space, sampler):
   """Shapes of the random words one batch consumes (all from one counter-mode threefry call)."""
   b, k, s = sampler.batch_size, space.max_objects, sampler.swaps_per_scene
@@ -212,12 +148,88 @@ def _random_bits(key, n):
   return jnp.concatenate([high, low])[:n]
 
 
+def _below(words, n):
+  """Random uint32 words -> int32 in [0, n) (n >= 1, may be traced; bias <= n / 2^32)."""
+  return (words % jnp.asarray(n).astype(jnp.uint32)).astype(jnp.int32)
+
+
 def _random_words(key, space, sampler):
   layout = _word_layout(space, sampler)
   sizes = [int(np.prod(shape)) for shape in layout.values()]
   words = _random_bits(key, sum(sizes))
   pieces = jnp.split(words, np.cumsum(sizes)[:-1])
   return {name: piece.reshape(shape) for (name, shape), piece in zip(layout.items(), pieces)}
+
+
+# Distinct-set helpers. Tables indexed by object id (scatter/gather, O(n)) are used up to this
+# many objects; above it, sorts and comparisons (independent of |O|).
+_TABLE_LIMIT = 1 << 20
+# Random subsets sort uint32 keys with the position in this many low bits at most (top_k above).
+_MAX_INDEX_BITS = 20
+
+
+def _first_occurrences(ids_N, num_objects):
+  """bool [N]: entry holds a valid id (< num_objects) seen at no earlier position."""
+  n = ids_N.shape[0]
+  position_N = jnp.arange(n, dtype=jnp.int32)
+  valid_N = (ids_N >= 0) & (ids_N < num_objects)
+  ids_N = jnp.where(valid_N, ids_N, num_objects)
+  if num_objects <= _TABLE_LIMIT:
+    first_O = jnp.full((num_objects + 1,), n, jnp.int32).at[ids_N].min(position_N)
+    return valid_N & (first_O[ids_N] == position_N)
+  order_N = jnp.argsort(ids_N, stable=True)
+  sorted_N = ids_N[order_N]
+  starts_N = jnp.concatenate([jnp.ones((1,), bool), sorted_N[1:] != sorted_N[:-1]])
+  return valid_N & jnp.zeros((n,), bool).at[order_N].set(starts_N)
+
+
+def _random_subset(words_N, keep_N, size):
+  """A uniformly random subset of at most `size` kept positions: (positions [size], valid).
+
+  One single-operand sort of uint32 keys (random priority in the high bits, position in the low
+  bits), which on CPU is several times cheaper than top_k's key-value sort. Equal priorities are
+  broken by position, which only matters at the cut-off and is itself random when positions are.
+  """
+  n = keep_N.shape[0]
+  index_bits = max(1, (n - 1).bit_length())
+  if index_bits > _MAX_INDEX_BITS:
+    priority_N = jnp.where(keep_N, (words_N >> 1).astype(jnp.int32), -1)
+    top, position = jax.lax.top_k(priority_N, size)
+    return position, top >= 0
+  position_N = jnp.arange(n, dtype=jnp.uint32)
+  high_N = ((words_N >> index_bits) | 1) << index_bits     # never 0 for kept positions
+  sort_key_N = jnp.where(keep_N, high_N | position_N, position_N)
+  top = jnp.sort(sort_key_N)[::-1][:size]
+  position = (top & ((1 << index_bits) - 1)).astype(jnp.int32)
+  return position, (top >> index_bits) > 0
+
+
+def _compact(ids_N, keep_N, size, fill):
+  """The kept ids moved to the front of a [size] array (size >= number kept), rest `fill`."""
+  target_N = jnp.where(keep_N, jnp.cumsum(keep_N) - 1, size)
+  return jnp.full((size,), fill, ids_N.dtype).at[target_N].set(ids_N, mode="drop")
+
+
+def _scatter_rows(columns_BxN, num_columns, dtype):
+  """[B, num_columns] with a one at (b, columns[b, n]); columns >= num_columns are dropped."""
+  rows_BxN = jnp.broadcast_to(
+      jnp.arange(columns_BxN.shape[0], dtype=jnp.int32)[:, None], columns_BxN.shape)
+  return jnp.zeros((columns_BxN.shape[0], num_columns), dtype).at[rows_BxN, columns_BxN].set(
+      1, mode="drop")
+
+
+def _membership_labels(ids_BxK, query_ids_Q, query_mask_Q, num_objects):
+  """float32 [B, Q]: 1 where query q is one of the objects of scene b."""
+  q = query_ids_Q.shape[0]
+  if num_objects > _TABLE_LIMIT:
+    hits_BxQ = jnp.any(ids_BxK[:, :, None] == query_ids_Q[None, None, :], axis=1)
+    return (hits_BxQ & query_mask_Q[None, :]).astype(jnp.float32)
+  # Column of each object id among the queries (q: none), then one scatter per scene slot.
+  column_O = jnp.full((num_objects + 1,), q, jnp.int32).at[
+      jnp.where(query_mask_Q, query_ids_Q, num_objects)].set(jnp.arange(q, dtype=jnp.int32))
+  column_O = column_O.at[num_objects].set(q)
+  column_BxK = column_O[jnp.where(ids_BxK >= 0, ids_BxK, num_objects)]
+  return _scatter_rows(column_BxK, q, jnp.float32)
 
 
 def _draw_scenes(words, permutation_O, num_train, space, split):
@@ -239,15 +251,8 @@ def _draw_scenes(words, permutation_O, num_train, space, split):
   return count_B, slot_mask_BxK, ids_BxK, objects_BxKxC
 
 
-def _scatter_rows(columns_BxN, num_columns, dtype):
-  """[B, num_columns] with a one at (b, columns[b, n]); columns >= num_columns are dropped."""
-  rows_BxN = jnp.broadcast_to(
-      jnp.arange(columns_BxN.shape[0], dtype=jnp.int32)[:, None], columns_BxN.shape)
-  return jnp.zeros((columns_BxN.shape[0], num_columns), dtype).at[rows_BxN, columns_BxN].set(
-      1, mode="drop")
-
-
 def _concept_queries(words, objects_BxKxC, slot_mask_BxK, space, sampler):
+  """Concept-query tokens [Qc, Lq], mask [Qc] and labels [B, Qc] (float32)."""
   num_tokens = space.num_concept_tokens
   tokens_BxKxC = jnp.where(slot_mask_BxK[..., None], space.concept_tokens(objects_BxKxC),
                            num_tokens)
@@ -310,6 +315,7 @@ def _swap_negatives(words, count_B, objects_BxKxC, space, sampler):
 
 
 def _object_queries(words, count_B, ids_BxK, objects_BxKxC, space, sampler):
+  """Object-query tokens [Qo, Lq], ids [Qo] (-1 padded), mask [Qo] and labels [B, Qo]."""
   sentinel = space.num_objects
   positive_P = _positive_candidates(words, ids_BxK, space, sampler)
   candidates = [positive_P]
@@ -375,6 +381,12 @@ def check_arguments(space, sampler, split):
   space.check_enumerable("scene sampling (permutation of all object ids)")
 
 
+def _check_permutation(permutation_O, space):
+  if jnp.shape(permutation_O) != (space.num_objects,):
+    raise ValueError(f"permutation_O must have shape ({space.num_objects},) for |O| = "
+                     f"{space.num_objects}, got {jnp.shape(permutation_O)}")
+
+
 def sample_batch(key, permutation_O, num_train, *, space, sampler, split):
   """One SceneBatch (SPEC §3) from `key` and a replica's split tables.
 
@@ -390,9 +402,7 @@ def sample_batch(key, permutation_O, num_train, *, space, sampler, split):
   Pure and jit-compiled; vmap over `key` and/or (`permutation_O`, `num_train`) freely.
   """
   check_arguments(space, sampler, split)
-  if jnp.shape(permutation_O)[-1:] != (space.num_objects,) or jnp.ndim(permutation_O) != 1:
-    raise ValueError(f"permutation_O must have shape ({space.num_objects},) for |O| = "
-                     f"{space.num_objects}, got {jnp.shape(permutation_O)}")
+  _check_permutation(permutation_O, space)
   return _sample_batch_jit(key, jnp.asarray(permutation_O, jnp.int32),
                            jnp.asarray(num_train, jnp.int32), space=space, sampler=sampler,
                            split=split)
@@ -404,6 +414,10 @@ def sample_batches(key, permutation_O, num_train, num_batches, *, space, sampler
   Amortises dispatch when many batches are needed at once (evaluation, benchmarks).
   """
   check_arguments(space, sampler, split)
+  _check_permutation(permutation_O, space)
+  if isinstance(num_batches, bool) or not isinstance(num_batches, (int, np.integer)) or (
+      num_batches < 1):
+    raise ValueError(f"num_batches must be an integer >= 1, got {num_batches!r}")
   return _sample_batches_jit(key, jnp.asarray(permutation_O, jnp.int32),
                              jnp.asarray(num_train, jnp.int32), num_batches=int(num_batches),
                              space=space, sampler=sampler, split=split)

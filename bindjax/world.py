@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 import re
+import zipfile
 
 import jax
 import jax.numpy as jnp
@@ -388,18 +389,29 @@ class CoverageSplit:
     scalars, else from the `object_split_seed{S}_frac{F}.npz` file name.
     """
     path = os.fspath(path)
-    with np.load(path, allow_pickle=False) as f:
-      data = {k: f[k] for k in f.files}
+    try:
+      with np.load(path, allow_pickle=False) as f:
+        data = {k: f[k] for k in f.files}
+    except FileNotFoundError:
+      raise
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+      raise ValueError(f"split file {path}: not a readable .npz file ({e})") from None
     for key in ("train_object_ids", "test_object_ids", "train_objects", "test_objects"):
       if key not in data:
         raise ValueError(f"split file {path}: missing array {key!r} (has {sorted(data)})")
+      if data[key].dtype.kind not in "iu":
+        raise ValueError(f"split file {path}: {key} must hold integers, got {data[key].dtype}")
     train = np.asarray(data["train_object_ids"]).reshape(-1)
     test = np.asarray(data["test_object_ids"]).reshape(-1)
     values = None
     if "values_per_concept" in data:
       values = tuple(int(v) for v in np.atleast_1d(data["values_per_concept"]))
-      if "num_concepts" in data and values and len(values) == 1 != int(data["num_concepts"]):
-        values = values * int(data["num_concepts"])
+      num_concepts = int(data["num_concepts"]) if "num_concepts" in data else len(values)
+      if len(values) == 1 and num_concepts > 1:     # a single V stored for equal values
+        values = values * num_concepts
+      if len(values) != num_concepts:
+        raise ValueError(f"split file {path}: inconsistent per-concept values: num_concepts="
+                         f"{num_concepts} but values_per_concept={list(values)}")
     if space is not None:
       if values is not None and values != space.values_per_concept:
         raise ValueError(f"split file {path}: values_per_concept={list(values)} does not match "
@@ -415,11 +427,12 @@ class CoverageSplit:
           f"split file {path}: train ({train.size}) and test ({test.size}) ids must together "
           f"cover each of the {space.num_objects} object ids exactly once")
     for name, id_array in (("train", train), ("test", test)):
-      objects = np.asarray(data[f"{name}_objects"]).reshape(id_array.size, -1)
-      if objects.shape[1] != space.num_concepts or not np.array_equal(
-          space.object_ids(objects.astype(np.int64)), id_array):
+      objects = np.asarray(data[f"{name}_objects"])
+      consistent = objects.shape == (id_array.size, space.num_concepts) and (
+          (objects >= 0) & (objects < np.asarray(space.values_per_concept))).all()
+      if not consistent or not np.array_equal(space.object_ids(objects), id_array):
         raise ValueError(f"split file {path}: {name}_objects do not match {name}_object_ids "
-                         f"for values_per_concept={list(values)}")
+                         f"(shape {objects.shape}, values_per_concept={list(values)})")
     match = re.search(r"seed(-?\d+)_frac([0-9.]+?)\.npz$", os.path.basename(path))
     seed = int(data["seed"]) if "seed" in data else (int(match.group(1)) if match else -1)
     coverage_key = next((k for k in ("coverage", "frac", "fraction") if k in data), None)

@@ -22,7 +22,7 @@ TINY = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, d_out=8)
 
 def trained(similarity="cosine", space=SPACE, seed=0):
   config = models.ModelConfig.for_space(space, similarity=similarity, **TINY)
-  params = models.init_params(jax.random.PRNGKey(seed), config)
+  params = jax.jit(models.init_params, static_argnums=1)(jax.random.PRNGKey(seed), config)
   return extract.TrainedModel(params=params, model=config, space=space,
                               split=world.coverage_split(space, 0.5, 0), step=7,
                               source={"source": "test"})
@@ -102,7 +102,7 @@ def test_extracted_set_feeds_the_frozen_embedding_analyses(cosine_model, tmp_pat
   es.save(tmp_path / "set")
   loaded = embeddings.read_embeddings(tmp_path / "set")
   summary, _ = interventions.run_interventions(loaded, interventions.InterventionConfig())
-  assert summary["probes"] == "auto"   # the stored query-tower probe vectors, no fitting
+  assert summary["probes"] == "stored"   # the query-tower probe vectors, no fitting
   # 6 objects = 3 attributes x 2 shapes: 36 pairs, 2·9 with equal shapes -> 2·18 cases.
   assert summary["num_cases"] == 36
   assert set(summary["results"]) == {"obj-avg", "pos-avg", "single-object"}
@@ -176,12 +176,9 @@ def run_cli(monkeypatch, argv):
   return cli.main(argv)
 
 
-TRAIN_OVERRIDES = [
-    "--config.space.num_values=3", "--config.coverage=0.7", "--config.model.d_model=16",
-    "--config.model.num_heads=2", "--config.model.num_layers=1", "--config.model.d_ff=32",
-    "--config.model.d_out=8", "--config.sampler.batch_size=16", "--config.num_steps=4",
-    "--config.eval.every=2", "--config.eval.batches=1", "--config.eval.batch_size=16",
-    "--config.log_every=2", "--config.checkpoint.every=2"]
+# The smoke preset (C=2, V=4: 16 objects, coverage 0.75) for a few steps.
+TRAIN_OVERRIDES = ["--config.num_steps=4", "--config.eval.every=2", "--config.eval.batches=1",
+                   "--config.log_every=2", "--config.checkpoint.every=2", "--noprogress"]
 
 
 @pytest.mark.slow
@@ -195,9 +192,10 @@ def test_train_extract_complexity_end_to_end(tmp_path, monkeypatch):
   assert run_cli(monkeypatch, ["extract", f"--workdir={run}", "--objects=all"]) == 0
   assert run_cli(monkeypatch, ["extract", f"--workdir={run}", "--objects=held-out"]) == 0
   es = embeddings.read_embeddings(run / "embeddings_all")
-  assert es.num_scenes == 81 and sorted(es.probes) == ["concept_0", "concept_1", "object"]
+  assert es.num_scenes == 16 * 16 and sorted(es.probes) == ["concept_0", "concept_1", "object"]
+  assert es.provenance["checkpoint"] == "best"
   held = embeddings.read_embeddings(run / "embeddings_held-out")
-  assert held.num_scenes == (9 - world.num_train_objects(9, 0.7)) ** 2
+  assert held.num_scenes == (16 - world.num_train_objects(16, 0.75)) ** 2 == 16
   # Refuses to overwrite.
   assert run_cli(monkeypatch, ["extract", f"--workdir={run}", "--objects=all"]) == 1
   out = tmp_path / "complexity"

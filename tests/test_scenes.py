@@ -245,19 +245,26 @@ def test_no_retracing_across_batches_and_replicas():
 
 
 def test_vmap_over_keys_and_sample_batches():
-  space, sampler, _ = CONFIGS["tiny_world"]
-  tables = _split("tiny_world")
-  batches = scenes.sample_batches(jax.random.key(4), tables.permutation, tables.num_train, 3,
-                                  space=space, sampler=sampler, split="test")
+  space, sampler, _ = CONFIGS["c2v20k2"]
+  tables = _split("c2v20k2")
+  key = jax.random.key(4)
+  batches = scenes.sample_batches(key, tables.permutation, tables.num_train, 3, space=space,
+                                  sampler=sampler, split="test")
   assert batches.scene_tokens_BxL.shape == (3, sampler.batch_size, space.scene_length)
   for i in range(3):
     one = jax.tree.map(lambda x, i=i: np.asarray(x[i]), batches)
     check_batch(one, space, sampler, tables, "test")
   assert not np.array_equal(batches.scene_tokens_BxL[0], batches.scene_tokens_BxL[1])
+  alone = scenes.sample_batch(jax.random.fold_in(key, 1), tables.permutation, tables.num_train,
+                              space=space, sampler=sampler, split="test")
+  chex.assert_trees_all_equal(jax.tree.map(lambda x: x[1], batches), alone)
+  with pytest.raises(ValueError, match="num_batches must be an integer >= 1"):
+    scenes.sample_batches(key, tables.permutation, tables.num_train, 0, space=space,
+                          sampler=sampler, split="test")
 
 
 def test_empty_test_pool_gives_inactive_rows():
-  space, sampler, _ = CONFIGS["tiny_world"]
+  space, sampler, _ = CONFIGS["c2v20k2"]
   tables = world.coverage_split(space, 1.0, 0)
   batch = scenes.sample_batch(jax.random.key(0), tables.permutation, tables.num_train,
                               space=space, sampler=sampler, split="test")
@@ -315,3 +322,43 @@ def test_threefry_matches_jax_and_key_kinds_agree():
   rbg = jax.tree.map(np.asarray, sample(jax.random.key(7, impl="rbg"), tables.permutation,
                                         tables.num_train))
   check_batch(rbg, space, sampler, tables, "train")
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_distinct_set_helpers_both_branches(large, monkeypatch):
+  if large:   # the sort/compare/top_k branches meant for huge object spaces and batches
+    monkeypatch.setattr(scenes, "_TABLE_LIMIT", 4)
+    monkeypatch.setattr(scenes, "_MAX_INDEX_BITS", 2)
+  rng = np.random.RandomState(0)
+  ids = rng.randint(-1, 13, size=40).astype(np.int32)      # -1 and 12 (= |O|) are not objects
+  first = np.asarray(jax.jit(scenes._first_occurrences, static_argnums=1)(ids, 12))
+  expected = [0 <= x < 12 and x not in ids[:i] for i, x in enumerate(ids)]
+  np.testing.assert_array_equal(first, expected)
+
+  queries = np.array([5, -1, 3, 7, 11, -1], np.int32)
+  scene_ids = rng.randint(-1, 12, size=(9, 3)).astype(np.int32)
+  labels = np.asarray(jax.jit(scenes._membership_labels, static_argnums=3)(
+      scene_ids, queries, queries >= 0, 12))
+  expected = np.array([[q >= 0 and q in row for q in queries] for row in scene_ids])
+  np.testing.assert_array_equal(labels, expected.astype(np.float32))
+
+  compacted = np.asarray(jax.jit(scenes._compact, static_argnums=(2, 3))(ids, first, 12, -1))
+  np.testing.assert_array_equal(compacted[:first.sum()], ids[first])
+  assert (compacted[first.sum():] == -1).all()
+
+  # Random subsets: exactly min(size, kept) distinct kept positions, each equally likely.
+  keep = jnp.asarray([True, False, True, True, False, True, True, False])
+
+  @jax.jit
+  def subsets(key):
+    words = jax.random.bits(key, (4000, 8), jnp.uint32)
+    return jax.vmap(lambda w: scenes._random_subset(w, keep, 3))(words)
+
+  position, valid = jax.tree.map(np.asarray, subsets(jax.random.key(0)))
+  assert valid.all()
+  assert all(len(set(p)) == 3 and np.asarray(keep)[p].all() for p in position[:50])
+  frequency = np.bincount(position.reshape(-1), minlength=8) / 4000
+  np.testing.assert_allclose(frequency[np.asarray(keep)], 3 / 5, atol=0.03)
+  position, valid = jax.tree.map(np.asarray, jax.jit(
+      lambda w: scenes._random_subset(w, keep, 7))(jnp.arange(8, dtype=jnp.uint32)))
+  assert valid.sum() == 5 and set(position[valid]) == {0, 2, 3, 5, 6}

@@ -121,13 +121,15 @@ def test_vmapped_sweep_equals_separate_runs(reference):
   replicas, buckets = sweep.expand_grid(tiny_config())
   spec = buckets[0].spec
   options = sweep.FAST_COMPILE_OPTIONS
+  hyper = jax.device_put(buckets[0].hypers[0])
+  init = jax.jit(lambda h: train.init(h.key, spec, h)).lower(hyper).compile(options)
+  state = init(hyper)
+  step = jax.jit(lambda s, h: train.train_step(s, h, spec)).lower(state, hyper).compile(options)
+  evaluate = jax.jit(lambda p, k, h: train.eval_step(p, k, h, spec)).lower(
+      state.params, train.eval_key(hyper.key, 0), hyper).compile(options)
   for index in (0, 4):  # coverage 0.5 seed 0, coverage 0.8 seed 1
     hyper = jax.device_put(buckets[0].hypers[index])
-    state = jax.jit(lambda h: train.init(h.key, spec, h)).lower(hyper).compile(options)(hyper)
-    step = jax.jit(lambda s, h: train.train_step(s, h, spec)).lower(state, hyper).compile(
-        options)
-    evaluate = jax.jit(lambda p, k, h: train.eval_step(p, k, h, spec)).lower(
-        state.params, train.eval_key(hyper.key, 0), hyper).compile(options)
+    state = init(hyper)
     expected = []
     for done in range(1, NUM_STEPS + 1):
       state, metrics = step(state, hyper)
@@ -204,7 +206,9 @@ def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
   assert max(r["step"] for r in _rows(workdir)) == 5
   messages = []
   sweep.run_sweep(tiny_config(), workdir, progress=False, log=messages.append)
-  assert any("resumed from the checkpoint at step 4" in m for m in messages), messages
+  # Step 4's asynchronous checkpoint may not have been finalised before the kill.
+  assert any(f"resumed from the checkpoint at step {s}" in m for m in messages for s in (2, 4)), (
+      messages)
   assert _rows(workdir) == rows
 
 

@@ -1,4 +1,4 @@
-"""Tests for bindjax.world: ids, tokens (SPEC §1), coverage splits and split files (SPEC §2, §13)."""
+"""Tests for bindjax.world: ids, tokens (SPEC §1), coverage splits, split files (SPEC §2, §13)."""
 import os
 
 import hypothesis
@@ -235,3 +235,12 @@ def test_split_object_validates():
     world.CoverageSplit(np.array([0, 2, 1]), 0, 0.5, 0)
   with pytest.raises(ValueError, match="inconsistent split"):
     world.CoverageSplit(np.array([0, 2, 1]), 1, 0.5, 0, (2, 2))
+
+
+def test_load_rejects_unreadable_file(tmp_path):
+  path = tmp_path / "split.npz"
+  path.write_bytes(b"not a zip file")
+  with pytest.raises(ValueError, match="not a readable .npz"):
+    world.CoverageSplit.load(path)
+  with pytest.raises(FileNotFoundError):
+    world.CoverageSplit.load(tmp_path / "missing.npz")

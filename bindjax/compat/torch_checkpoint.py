@@ -163,11 +163,23 @@ def tower_state_dict_from_params(params):
   return out
 
 
+def _lowered(config):
+  """{lower-case key: (original key, value)}; the same key in two spellings must agree."""
+  lowered = {}
+  for key, value in config.items():
+    low = str(key).lower()
+    if low in lowered and not np.array_equal(np.asarray(lowered[low][1]), np.asarray(value)):
+      raise ValueError(f"checkpoint config {lowered[low][0]}={lowered[low][1]!r} but "
+                       f"{key}={value!r}; expected one value")
+    lowered[low] = (key, value)
+  return lowered
+
+
 def _config_value(config, field):
-  lowered = {str(k).lower(): v for k, v in config.items()}
+  lowered = _lowered(config)
   for alias in _CONFIG_ALIASES.get(field, (field,)):
-    if alias in lowered and lowered[alias] is not None:
-      return lowered[alias]
+    if alias in lowered and lowered[alias][1] is not None:
+      return lowered[alias][1]
   return None
 
 
@@ -255,11 +267,12 @@ def params_from_state_dicts(checkpoint, **overrides):
 def _check_special_tokens(config, fields):
   """Special tokens stated in the config must follow SPEC §1 (SOO, EOO, EOS, PAD = last four)."""
   pad = fields["pad_token"]
-  lowered = {str(k).lower(): v for k, v in config.items()}
+  lowered = _lowered(config)
   for offset, name in enumerate(_SPECIAL_TOKENS):
-    for key in (name, f"{name}_token", f"{name}_token_id", f"{name}_id", f"{name}_idx"):
-      if key in lowered and lowered[key] is not None:
-        value = int(np.asarray(lowered[key]).item())
+    for low in (name, f"{name}_token", f"{name}_token_id", f"{name}_id", f"{name}_idx"):
+      if low in lowered and lowered[low][1] is not None:
+        key, value = lowered[low]
+        value = int(np.asarray(value).item())
         if value != pad - 3 + offset:
           raise ValueError(f"checkpoint config {key}={value}: expected {pad - 3 + offset} "
                            f"(SOO, EOO, EOS, PAD must be consecutive with PAD={pad})")

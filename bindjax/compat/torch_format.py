@@ -86,6 +86,18 @@ def _check_pid(pid, length):
   return pid
 
 
+def _module_class(pid):
+  """The class of a legacy ('module', class, source file, source) persistent id, else None.
+
+  Legacy torch.save names each whole nn.Module class this way; the class itself was already
+  resolved through safe_pickle's allow-list, so only ModuleState stand-ins can arrive here.
+  """
+  if (isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module" and
+      isinstance(pid[1], type) and issubclass(pid[1], safe_pickle.ModuleState)):
+    return pid[1]
+  return None
+
+
 def _load_stream(f):
   start = f.tell()
   first = safe_pickle.load(f)
@@ -103,6 +115,9 @@ def _load_stream(f):
   storage_types = {}
 
   def record(pid):
+    module_class = _module_class(pid)
+    if module_class is not None:
+      return module_class
     _, storage_type, key, _, _, _ = _check_pid(pid, 6)
     storage_types[key] = storage_type
 
@@ -122,6 +137,9 @@ def _load_stream(f):
   data_end = f.tell()
 
   def persistent_load(pid):
+    module_class = _module_class(pid)
+    if module_class is not None:
+      return module_class
     _, storage_type, key, _, _, view = _check_pid(pid, 6)
     if view is None:
       if key not in roots:
@@ -186,7 +204,7 @@ class _TorchPickler(pickle._Pickler):  # pylint: disable=protected-access
   def reducer_override(self, obj):
     if isinstance(obj, np.ndarray):
       _storage_name(obj.dtype)  # refuses dtypes torch has no storage for
-      array = np.ascontiguousarray(obj)
+      array = np.ascontiguousarray(obj).reshape(obj.shape)  # ascontiguousarray makes 0-d 1-d
       ref = _StorageRef(str(len(self.storages)), array.dtype, array.size)
       if array.dtype.name == "bfloat16":
         array = array.view(np.uint16)

@@ -1,4 +1,4 @@
-"""Pieces shared by the geometry analyses (SPEC §10): 2-object views, object banks, retrieval, files.
+"""Shared pieces of the geometry analyses (SPEC §10): scene index, object banks, retrieval, files.
 
 Object indices are those of `EmbeddingSet.object_ids()` (SPEC §8 first-appearance order). Banks
 hold one vector per object (obj-avg, single-object) or one per slot and object (pos-avg).
@@ -110,7 +110,7 @@ def check_banks(banks, index):
       raise ValueError(f"banks: unknown bank {name!r}; expected one of {BANKS}")
     if name == "single-object" and not index.has_single_objects:
       raise ValueError("banks: 'single-object' requested but the embedding set has no "
-                       "single-object scenes (num_objects == 1); drop it or use a set that has them")
+                       "single-object scenes (num_objects == 1); drop it or use a set with them")
   return banks
 
 

@@ -44,7 +44,8 @@ class FitConfig:
 
   def validate(self):
     if self.steps < 1 or self.batch_size < 1:
-      raise ValueError(f"FitConfig steps={self.steps}, batch_size={self.batch_size}: expected ≥ 1")
+      raise ValueError(f"FitConfig steps={self.steps}, batch_size={self.batch_size}: "
+                       "expected ≥ 1")
     if not 0 < self.train_fraction < 1:
       raise ValueError(f"FitConfig.train_fraction={self.train_fraction}: expected in (0, 1)")
     if not self.learning_rate > 0:

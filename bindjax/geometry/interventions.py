@@ -1,7 +1,7 @@
 """Object-replacement interventions by vector arithmetic (SPEC §10).
 
-Recolouring object i of a 2-object scene to attribute t: `ẑ = z − k·(u[a_i, s_i] − u[t, s_i])`, u an
-object bank (obj-avg, pos-avg with the edited slot's table, or single-object scenes). The edit
+Recolouring object i of a 2-object scene to attribute t: `ẑ = z − k·(u[a_i, s_i] − u[t, s_i])`, u
+an object bank (obj-avg, pos-avg with the edited slot's table, or single-object scenes). The edit
 succeeds when cosine top-1 retrieval among all real scene embeddings returns the scene's true
 counterpart (object i recoloured), and, for the probing check, when every concept probe ranks the
 counterpart's values strictly above all others.
@@ -132,16 +132,17 @@ def enumerate_cases(embedding_set, index, config):
 
 
 def concept_probe_weights(embedding_set, config):
-  """Concept probe matrices [V_c, D] per concept (stored vectors or fitted §9 probes), or None."""
-  source = config.probes
+  """(concept probe matrices [V_c, D] per concept, source): the set's stored probe vectors
+  ("stored") or §9 probes fitted on the set ("fitted"); (None, None) for probes="none"."""
   num_concepts = len(embedding_set.values_per_concept)
   stored = embedding_set.probes or {}
-  if source == "none":
-    return None
-  if source in ("auto", "stored") and all(f"concept_{c}" in stored for c in range(num_concepts)):
-    return [np.asarray(stored[f"concept_{c}"], np.float64) for c in range(num_concepts)]
+  if config.probes == "none":
+    return None, None
+  if config.probes in ("auto", "stored") and all(f"concept_{c}" in stored
+                                                 for c in range(num_concepts)):
+    return [np.asarray(stored[f"concept_{c}"], np.float64) for c in range(num_concepts)], "stored"
   probes, _ = linear.run_probes(embedding_set, config.probe)
-  return [np.asarray(probes[f"concept_{c}"], np.float64) for c in range(num_concepts)]
+  return [np.asarray(probes[f"concept_{c}"], np.float64) for c in range(num_concepts)], "fitted"
 
 
 def _probe_correct(edited_QxD, counterpart_values_Qx2xC, weights):
@@ -161,86 +162,95 @@ def _rates(flags):
   return {name: (float(np.mean(v)) if len(v) else None) for name, v in flags.items()}
 
 
+def _evaluate_bank(bank, cases, index, embeddings_AxD, keys, pool_rows, weights, strengths,
+                   config):
+  """Scores every usable case with one bank: (result dict, JSONL rows)."""
+  scene_key_A, set_key_A = keys
+  skipped = {r: sum(c.skipped == r for c in cases) for r in SKIP_REASONS}
+  valid, rows = [], []
+  for i, case in enumerate(cases):
+    if case.skipped:
+      continue
+    present_U = bank.slot(case.slot)[1]
+    if present_U[case.ids[case.slot]] and present_U[case.edited_id]:
+      valid.append(i)
+    else:
+      skipped["bank_vector_absent"] += 1
+      rows.append({"case": i, "bank": bank.name, "scene_row": case.scene_row, "slot": case.slot,
+                   "skipped": "bank_vector_absent"})
+  chosen = [cases[i] for i in valid]
+  dim = embeddings_AxD.shape[1]
+  z_QxD = embeddings_AxD[[c.scene_row for c in chosen]].reshape(-1, dim)
+  delta_QxD = np.array([bank.slot(c.slot)[0][c.ids[c.slot]] - bank.slot(c.slot)[0][c.edited_id]
+                        for c in chosen]).reshape(-1, dim)
+  target_rows_Q = np.array([c.counterpart_row for c in chosen], np.int64)
+  counterpart_values_Qx2xC = index.unique_UxC[index.scene_ids_AxK[target_rows_Q, :2]]
+  shared_Q = np.array([c.shared_attribute for c in chosen], bool)
+  groups = {"all": np.ones(len(chosen), bool), "shared_attribute": shared_Q,
+            "different_attribute": ~shared_Q}
+  by_strength = {}
+  for k in strengths:
+    edited_QxD = z_QxD - k * delta_QxD
+    retrieval = common.top1_retrieval(
+        edited_QxD, embeddings_AxD[pool_rows], scene_key_A[target_rows_Q], scene_key_A[pool_rows],
+        set_key_A[target_rows_Q], set_key_A[pool_rows], tie_tolerance=config.tie_tolerance)
+    probe_Q = (None if weights is None else
+               _probe_correct(edited_QxD, counterpart_values_Qx2xC, weights))
+    metrics = {}
+    for group, mask in groups.items():
+      flags = {"retrieval": retrieval["hit"][mask],
+               "retrieval_order_insensitive": retrieval["order_insensitive_hit"][mask]}
+      if probe_Q is not None:
+        flags["probe"] = probe_Q[mask]
+      metrics[group] = {"cases": int(mask.sum()), "ties": int(retrieval["tie"][mask].sum()),
+                        **_rates(flags)}
+    by_strength[_k_key(k)] = metrics
+    for q, case in enumerate(chosen):
+      rows.append({
+          "case": valid[q], "bank": bank.name, "k": k, "scene_row": case.scene_row,
+          "slot": case.slot, "objects": index.unique_UxC[list(case.ids)],
+          "target_attribute": case.target, "counterpart_row": case.counterpart_row,
+          "shared_attribute": case.shared_attribute, "hit": retrieval["hit"][q],
+          "tie": retrieval["tie"][q],
+          "order_insensitive_hit": retrieval["order_insensitive_hit"][q],
+          "top_row": int(pool_rows[retrieval["top_row"][q]]),
+          "probe_correct": None if probe_Q is None else probe_Q[q]})
+  return {"skipped": skipped, "by_strength": by_strength}, rows
+
+
 def run_interventions(embedding_set, config=InterventionConfig()):
-  """Runs every case for every bank and strength; returns (summary dict, per-case rows)."""
+  """Runs every case for every bank and strength; returns (summary dict, per-case JSONL rows).
+
+  Summary: per bank, the skipped cases by reason and, per strength k, for all cases and split by
+  shared / different attribute: cases, ties (counted as misses), retrieval,
+  retrieval_order_insensitive and (with probes) probe accuracy.
+  """
   index = common.scene_index(embedding_set)
   banks = validate_config(config, embedding_set, index)
   strengths = tuple(float(k) for k in config.strengths)
   cases = enumerate_cases(embedding_set, index, config)
   embeddings_AxD = np.asarray(embedding_set.embeddings, np.float64)
-  scene_key_A, set_key_A = common.scene_keys(index.scene_ids_AxK)
+  keys = common.scene_keys(index.scene_ids_AxK)
   pool_rows = (np.arange(len(embeddings_AxD)) if config.pool == "all" else index.rows_N)
-  weights = concept_probe_weights(embedding_set, config)
-
-  rows, results = [], {}
-  base_skipped = {r: 0 for r in SKIP_REASONS}
-  for case in cases:
-    if case.skipped:
-      base_skipped[case.skipped] += 1
+  weights, probe_source = concept_probe_weights(embedding_set, config)
+  results, rows = {}, []
   for bank_name in banks:
     bank = common.object_bank(bank_name, index, embeddings_AxD)
-    skipped = dict(base_skipped)
-    valid = []
-    for i, case in enumerate(cases):
-      if case.skipped:
-        continue
-      table_UxD, present_U = bank.slot(case.slot)
-      if not (present_U[case.ids[case.slot]] and present_U[case.edited_id]):
-        skipped["bank_vector_absent"] += 1
-        continue
-      valid.append(i)
-    valid_cases = [cases[i] for i in valid]
-    z_QxD = embeddings_AxD[[c.scene_row for c in valid_cases]].reshape(-1, embeddings_AxD.shape[1])
-    delta_QxD = np.stack([bank.slot(c.slot)[0][c.ids[c.slot]] - bank.slot(c.slot)[0][c.edited_id]
-                          for c in valid_cases]) if valid_cases else np.zeros_like(z_QxD)
-    target_rows_Q = np.array([c.counterpart_row for c in valid_cases], np.int64)
-    counterpart_values = index.unique_UxC[index.scene_ids_AxK[target_rows_Q, :2]]
-    shared_Q = np.array([c.shared_attribute for c in valid_cases], bool)
-    results[bank_name] = {"skipped": skipped, "by_strength": {}}
-    for k in strengths:
-      edited_QxD = z_QxD - k * delta_QxD
-      retrieval = common.top1_retrieval(
-          edited_QxD, embeddings_AxD[pool_rows], scene_key_A[target_rows_Q],
-          scene_key_A[pool_rows], set_key_A[target_rows_Q], set_key_A[pool_rows],
-          tie_tolerance=config.tie_tolerance)
-      probe_Q = (_probe_correct(edited_QxD, counterpart_values, weights)
-                 if weights is not None and len(valid_cases) else None)
-      groups = {"all": np.ones(len(valid_cases), bool), "shared_attribute": shared_Q,
-                "different_attribute": ~shared_Q}
-      metrics = {}
-      for group, mask in groups.items():
-        flags = {"retrieval": retrieval["hit"][mask], "tie": retrieval["tie"][mask],
-                 "retrieval_order_insensitive": retrieval["order_insensitive_hit"][mask]}
-        if probe_Q is not None:
-          flags["probe"] = probe_Q[mask]
-        metrics[group] = {"cases": int(mask.sum()), "ties": int(retrieval["tie"][mask].sum()),
-                          **_rates(flags)}
-      results[bank_name]["by_strength"][_k_key(k)] = metrics
-      for q, case in enumerate(valid_cases):
-        rows.append({
-            "case": valid[q], "bank": bank_name, "k": k, "scene_row": case.scene_row,
-            "slot": case.slot, "objects": index.unique_UxC[list(case.ids)],
-            "target_attribute": case.target, "counterpart_row": case.counterpart_row,
-            "shared_attribute": case.shared_attribute, "hit": retrieval["hit"][q],
-            "tie": retrieval["tie"][q],
-            "order_insensitive_hit": retrieval["order_insensitive_hit"][q],
-            "top_row": int(pool_rows[retrieval["top_row"][q]]),
-            "probe_correct": None if probe_Q is None else probe_Q[q]})
-  for i, case in enumerate(cases):
-    if case.skipped:
-      rows.append({"case": i, "scene_row": case.scene_row, "slot": case.slot,
-                   "objects": index.unique_UxC[list(case.ids)], "target_attribute": case.target,
-                   "skipped": case.skipped})
-  num_different_shapes = sum(1 for c in cases if c.slot == 0)
+    results[bank_name], bank_rows = _evaluate_bank(bank, cases, index, embeddings_AxD, keys,
+                                                   pool_rows, weights, strengths, config)
+    rows += bank_rows
+  rows += [{"case": i, "scene_row": c.scene_row, "slot": c.slot,
+            "objects": index.unique_UxC[list(c.ids)], "target_attribute": c.target,
+            "skipped": c.skipped} for i, c in enumerate(cases) if c.skipped]
   summary = {
       "num_scenes": int(len(embeddings_AxD)),
       "num_two_object_scenes": int(len(index.rows_N)),
-      "num_scenes_with_different_shapes": num_different_shapes,
+      "num_scenes_with_different_shapes": sum(1 for c in cases if c.slot == 0),
       "num_cases": len(cases),
-      "num_skipped_before_banks": int(sum(base_skipped.values())),
+      "num_skipped_before_banks": sum(1 for c in cases if c.skipped),
       "banks": list(banks),
       "strengths": list(strengths),
-      "probes": None if weights is None else config.probes,
+      "probes": probe_source,
       "config": dataclasses.asdict(config),
       "results": results,
   }
