@@ -192,14 +192,12 @@ def expand_grid(config):
 # Compiled bucket programs
 
 
-
-
 def _replica_step(spec):
   """One replica's masked train step: a non-finite update leaves the state as it was."""
 
   def step(state, hyper, alive, diverged_step):
     new_state, metrics = train.train_step(state, hyper, spec)
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(optax.global_norm(new_state.params))
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(optax.tree.norm(new_state.params))
     ok = alive & finite
     new_state = jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new_state, state)
     diverged_step = jnp.where(alive & ~finite, state.step + 1, diverged_step)

@@ -334,7 +334,7 @@ def train_step(state, hyper, spec):
                                                       out["object_active_B"]),
       "learning_rate": hyper.learning_rate * learning_rate_multiplier(
           state.step, spec.num_steps, spec.warmup_steps),
-      "grad_norm": optax.global_norm(grads),
+      "grad_norm": optax.tree.norm(grads),
       "tau": state.params["tau"],
   }
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

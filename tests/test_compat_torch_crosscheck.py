@@ -130,7 +130,7 @@ def _check_against_expected(name, loaded, expected):
     assert isinstance(got, np.ndarray), (name, path, type(got))
     assert got.dtype == np.dtype(want["dtype"]), (name, path, got.dtype)
     assert list(got.shape) == want["shape"], (name, path, got.shape)
-    np.testing.assert_array_equal(got, np.asarray(want["values"], want["dtype"]),
+    np.testing.assert_array_equal(got, np.asarray(want["values"], want["dtype"]).reshape(want["shape"]),
                                   err_msg=f"{name}:{path}")
 
 

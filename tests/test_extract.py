@@ -210,7 +210,7 @@ def test_train_extract_complexity_end_to_end(tmp_path, monkeypatch):
   changed = tmp_path / "changed"
   shutil.copytree(run, changed)
   config = json.loads((changed / "config.json").read_text())
-  config["model"]["d_model"] = 32
+  config["model"]["d_model"] *= 2
   (changed / "config.json").write_text(json.dumps(config))
   with pytest.raises(ValueError, match="does not match"):
     extract.load_workdir(changed)

@@ -362,3 +362,47 @@ def test_distinct_set_helpers_both_branches(large, monkeypatch):
   position, valid = jax.tree.map(np.asarray, jax.jit(
       lambda w: scenes._random_subset(w, keep, 7))(jnp.arange(8, dtype=jnp.uint32)))
   assert valid.sum() == 5 and set(position[valid]) == {0, 2, 3, 5, 6}
+
+
+def _reference_batch_statistics(rng, space, sampler, tables):
+  """SPEC §3 written literally with Python sets: (#concept queries, #object queries, #active)."""
+  values = [tuple(v) for v in space.all_objects().tolist()]
+  counts = rng.randint(1, space.max_objects + 1, size=sampler.batch_size)
+  draws = rng.choice(tables.train_ids, size=(sampler.batch_size, space.max_objects))
+  scenes_ = [[values[i] for i in row[:n]] for row, n in zip(draws, counts)]
+  tokens = sorted({space.concept_token_offsets[c] + v for s in scenes_ for o in s
+                   for c, v in enumerate(o)})
+  concept_queries = rng.permutation(tokens)[:sampler.max_concept_queries]
+  present = sorted({o for s in scenes_ for o in s})
+  positives = [present[i] for i in rng.permutation(len(present))[:sampler.max_positive_queries]]
+  negatives = []
+  for s in scenes_:
+    if len(s) >= 2:
+      i, j = rng.choice(len(s), size=2, replace=False)
+      c = rng.randint(space.num_concepts)
+      swapped = list(s[i])
+      swapped[c] = s[j][c]
+      negatives.append(tuple(swapped))
+  queries = set(positives) | set(negatives)
+  active = sum(any(o in queries for o in s) for s in scenes_)
+  return len(concept_queries), len(queries), active
+
+
+def test_query_set_statistics_match_a_literal_reference():
+  # 16 positives of ~64 distinct objects: a biased positive subset or a wrong swap rule moves
+  # the mean number of queries and of active rows.
+  space = CONFIGS["c2v20k2"][0]
+  sampler = scenes.SamplerConfig(48, max_positive_queries=16)
+  tables = _split("c2v20k2")
+  rng = np.random.RandomState(0)
+  reference = np.array([_reference_batch_statistics(rng, space, sampler, tables)
+                        for _ in range(400)], np.float64)
+  sample = jax.jit(lambda key: jax.tree.map(
+      lambda m: m.sum(-1), (scenes.sample_batches(key, tables.permutation, tables.num_train, 400,
+                                                  space=space, sampler=sampler, split="train"))))
+  stats = sample(jax.random.key(0))
+  ours = np.stack([stats.concept_query_mask_Qc, stats.object_query_mask_Qo,
+                   stats.object_active_B], axis=1).astype(np.float64)
+  standard_error = np.sqrt((reference.var(0) + ours.var(0)) / 400)
+  np.testing.assert_array_less(np.abs(ours.mean(0) - reference.mean(0)), 4 * standard_error)
+  assert (4 * standard_error < 1.0).all()    # sensitive to a shift of one query or active row

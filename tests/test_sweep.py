@@ -1,6 +1,7 @@
 """Coverage sweep: vmapped = separate runs, sharded = unsharded, multi-process, resume, NaN."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -170,6 +171,18 @@ def test_rerun_into_finished_workdir_does_nothing(reference):
       sweep.run_sweep(other, workdir, progress=False)
   finally:
     os.rename(os.path.join(workdir, "done.bak"), os.path.join(workdir, sweep.DONE_FILE))
+
+
+def test_overwrite_reruns_a_finished_workdir(reference, tmp_path):
+  workdir, _, rows = reference
+  copy = str(tmp_path / "copy")
+  shutil.copytree(workdir, copy)
+  with open(os.path.join(copy, sweep.RESULTS_FILE), "a") as f:
+    f.write('{"stale": true}\n')
+  messages = []
+  sweep.run_sweep(tiny_config(), copy, progress=False, overwrite=True, log=messages.append)
+  assert not any("already finished" in m for m in messages)
+  assert _rows(copy) == rows  # same compiled program, same numbers
 
 
 def _env(devices):

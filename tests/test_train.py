@@ -29,6 +29,12 @@ def _tiny_config(**overrides):
   return c
 
 
+def _leaf(tree, path):
+  for entry in path:
+    tree = tree[entry.key]
+  return tree
+
+
 def _compile(fn, *args):
   return jax.jit(fn).lower(*args).compile(train.FAST_COMPILE_OPTIONS)
 
@@ -131,18 +137,24 @@ def test_train_step_is_pure_and_vmaps_like_single_replicas():
     hypers.append(train.hyper_from_config(config, spec)[0])
   stacked = jax.tree.map(lambda *x: np.stack(x), *hypers)
 
-  def two_steps(hyper):
-    state = train.init(hyper.key, spec, hyper)
-    state, _ = train.train_step(state, hyper, spec)
+  def one_step(hyper):
+    # One step, taken after warm-up has begun (the update at step 0 has learning rate 0).
+    state = train.init(hyper.key, spec, hyper).replace(step=jnp.int32(3))
     state, metrics = train.train_step(state, hyper, spec)
     return state.params, metrics
 
-  vmapped = _compile(jax.vmap(two_steps), stacked)(stacked)
-  single = _compile(two_steps, hypers[0])
+  vmapped = _compile(jax.vmap(one_step), stacked)(stacked)
+  single = _compile(one_step, hypers[0])
+  d = spec.model.d_model
   for r, hyper in enumerate(hypers):
     params, metrics = single(hyper)
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(vmapped[0])):
-      np.testing.assert_allclose(a, b[r], rtol=2e-5, atol=2e-6)
+    for path, a in jax.tree_util.tree_leaves_with_path(params):
+      b = _leaf(vmapped[0], path)[r]
+      if "qkv" in jax.tree_util.keystr(path) and "bias" in jax.tree_util.keystr(path):
+        # The key bias has a zero gradient in exact arithmetic (softmax is shift-invariant), so
+        # its update is Adam-normalised rounding noise: compare only the query/value biases.
+        a, b = np.concatenate([a[:d], a[2 * d:]]), np.concatenate([b[:d], b[2 * d:]])
+      np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6, err_msg=jax.tree_util.keystr(path))
     np.testing.assert_allclose(metrics["loss"], vmapped[1]["loss"][r], rtol=2e-5)
   again = single(hypers[0])
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(again[0]),

@@ -1,0 +1,63 @@
+"""Launch a coverage sweep on this machine, then write its report.
+
+  python launch/local.py --config=experiments/coverage_sweep.py:cpu --workdir_root=runs [--dry-run]
+  python launch/local.py --num_processes=2 ...   # several local processes via jax.distributed
+
+The workdir is dated (ROOT/YYYYmmdd-HHMMSS-coverage_sweep-cpu) unless --workdir is given (to
+resume a killed sweep, pass its workdir).
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+
+def build_commands(args, extra, workdir):
+  """argv lists: one per process of the sweep, then the report."""
+  bindjax = os.path.join(os.path.dirname(sys.executable), "bindjax")
+  sweep = common.sweep_command(bindjax, args.config, workdir, extra)
+  if args.num_processes == 1:
+    return [sweep], [bindjax, "report", f"--workdir={workdir}"]
+  processes = [sweep + [f"--coordinator_address=127.0.0.1:{args.port}",
+                        f"--num_processes={args.num_processes}", f"--process_id={i}",
+                        "--noreport"] + (["--noprogress"] if i else [])
+               for i in range(args.num_processes)]
+  return processes, [bindjax, "report", f"--workdir={workdir}"]
+
+
+def parse(argv):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--config", default="experiments/coverage_sweep.py:smoke")
+  parser.add_argument("--workdir_root", default=os.path.join(common.REPO, "runs"))
+  parser.add_argument("--workdir", default=None)
+  parser.add_argument("--num_processes", type=int, default=1)
+  parser.add_argument("--port", type=int, default=12355)
+  parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true")
+  return parser.parse_args(argv)
+
+
+def main(argv=None):
+  own, extra = common.split_extra(list(sys.argv[1:] if argv is None else argv))
+  args = parse(own)
+  if args.num_processes < 1:
+    raise SystemExit(f"--num_processes={args.num_processes}: expected >= 1")
+  workdir = args.workdir or common.dated_workdir(args.workdir_root, args.config)
+  processes, report = build_commands(args, extra, workdir)
+  print(f"# workdir: {workdir}")
+  if args.dry_run or len(processes) == 1:
+    return common.run(processes + [report], args.dry_run)
+  for command in processes:
+    print("+ " + common.quote(command), flush=True)
+  running = [subprocess.Popen(command) for command in processes]
+  codes = [p.wait() for p in running]
+  if any(codes):
+    print(f"sweep processes exited with {codes}", file=sys.stderr)
+    return max(codes)
+  return common.run([report], False)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,84 @@
+"""Launch a coverage sweep on a Cloud TPU pod slice (all workers run the same command).
+
+  python launch/tpu_pod.py --name=bindjax-v4-32 --zone=us-central2-b --accelerator_type=v4-32 \
+      --config=experiments/coverage_sweep.py:paper --workdir_root=/mnt/gcs/bindjax [--dry-run] \
+      [-- --config.grid.seeds=[0]]
+
+Steps: create the TPU VM unless one of that name exists (reuse), pack this checkout (no .venv,
+no .git), copy it to every worker, install bindjax with jax[tpu] in a venv on every worker
+(optionally mounting a GCS bucket with gcsfuse so all workers share the workdir), then run
+`bindjax sweep` on --worker=all in a dated workdir. jax.distributed starts by itself on TPU
+pods; process 0 writes the results; checkpoints are written collectively by orbax, so the
+workdir must be shared by the workers (gcsfuse mount or NFS).
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+ARCHIVE = "/tmp/bindjax-code.tar.gz"
+REMOTE_DIR = "~/bindjax"
+
+
+def build_commands(args, extra, now=None):
+  """Shell commands of the launch, in order."""
+  workdir = args.workdir or common.dated_workdir(args.workdir_root, args.config, now)
+  where = [f"--zone={args.zone}"] + ([f"--project={args.project}"] if args.project else [])
+  tpu = ["gcloud", "compute", "tpus", "tpu-vm"]
+  create = tpu + ["create", args.name, *where, f"--accelerator-type={args.accelerator_type}",
+                  f"--version={args.version}"] + (["--spot"] if args.spot else [])
+  describe = tpu + ["describe", args.name, *where]
+  install = [f"mkdir -p {REMOTE_DIR}", f"tar xzf ~/bindjax.tar.gz -C {REMOTE_DIR}",
+             f"cd {REMOTE_DIR}", "python3 -m venv .venv", ".venv/bin/pip install -q -U pip",
+             f".venv/bin/pip install -q -e . {common.quote([args.jax_spec])}"]
+  if args.gcs_bucket:
+    install = [f"mkdir -p {args.mount_point}",
+               f"(mountpoint -q {args.mount_point} || gcsfuse --implicit-dirs "
+               f"{args.gcs_bucket} {args.mount_point})"] + install
+  sweep = common.sweep_command(".venv/bin/bindjax", args.config, workdir, extra)
+  run = f"cd {REMOTE_DIR} && {common.quote(sweep)}"
+  ssh = tpu + ["ssh", args.name, *where, "--worker=all"]
+  return [
+      f"{common.quote(describe)} >/dev/null 2>&1 || {common.quote(create)}",
+      common.quote(["tar", "czf", ARCHIVE, "--exclude=.venv", "--exclude=.git",
+                    "--exclude=__pycache__", "-C", args.repo, "."]),
+      common.quote(tpu + ["scp", ARCHIVE, f"{args.name}:~/bindjax.tar.gz", *where,
+                          "--worker=all"]),
+      common.quote(ssh + [f"--command={' && '.join(install)}"]),
+      common.quote(ssh + [f"--command={run}"]),
+  ], workdir
+
+
+def parse(argv):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--name", required=True, help="TPU VM name (reused if it exists)")
+  parser.add_argument("--zone", required=True)
+  parser.add_argument("--project", default=None)
+  parser.add_argument("--accelerator_type", default="v4-32")
+  parser.add_argument("--version", default="tpu-ubuntu2204-base", help="TPU VM runtime")
+  parser.add_argument("--spot", action="store_true", help="spot (preemptible) capacity")
+  parser.add_argument("--config", default="experiments/coverage_sweep.py:paper")
+  parser.add_argument("--workdir_root", default="/mnt/gcs/bindjax",
+                      help="parent of the dated workdir; must be shared by all workers")
+  parser.add_argument("--workdir", default=None, help="exact workdir (e.g. to resume)")
+  parser.add_argument("--gcs_bucket", default=None, help="bucket to gcsfuse-mount on workers")
+  parser.add_argument("--mount_point", default="/mnt/gcs")
+  parser.add_argument("--jax_spec", default="jax[tpu]>=0.10.2,<0.11")
+  parser.add_argument("--repo", default=common.REPO, help="checkout to copy")
+  parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                      help="print the commands instead of running them")
+  return parser.parse_args(argv)
+
+
+def main(argv=None):
+  own, extra = common.split_extra(list(sys.argv[1:] if argv is None else argv))
+  args = parse(own)
+  commands, workdir = build_commands(args, extra)
+  print(f"# workdir: {workdir}")
+  return common.run(commands, args.dry_run)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,134 @@
+"""bindjax.checkpoint (orbax) and exact resume of `bindjax train` after SIGKILL."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from bindjax import checkpoint
+from bindjax import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _state(value):
+  params = {"w": jnp.full((2, 3), value, jnp.float32), "tau": jnp.float32(value)}
+  tx = optax.adamw(1e-3)
+  opt_state = tx.init(params)
+  grads = jax.tree.map(jnp.ones_like, params)
+  _, opt_state = tx.update(grads, opt_state, params)
+  return train.TrainState(step=jnp.int32(value), params=params, opt_state=opt_state,
+                          key=jax.random.key_data(jax.random.key(int(value))))
+
+
+def test_latest_keep_last_n_and_abstract_restore(tmp_path):
+  with checkpoint.Checkpoints(tmp_path / "ckpt", keep=2) as ckpt:
+    assert ckpt.restore(_state(0)) is None
+    for step in (1, 2, 3):
+      ckpt.save(step, _state(step), {"step": step, "note": "x"})
+    ckpt.wait()
+    assert ckpt.all_steps() == [2, 3]
+  with checkpoint.Checkpoints(tmp_path / "ckpt", keep=2) as ckpt:   # reopened
+    step, state, meta = ckpt.restore(checkpoint.abstract_target(_state(0)))
+    assert step == 3 and meta == {"step": 3, "note": "x"}
+    expected = _state(3)
+    assert jax.tree.structure(state) == jax.tree.structure(expected)   # optax types come back
+    assert isinstance(state.opt_state[0], optax.ScaleByAdamState)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(expected)):
+      np.testing.assert_array_equal(a, b)
+    step, state, _ = ckpt.restore(_state(0), step=2)
+    assert step == 2 and float(state.params["tau"]) == 2.0
+    with pytest.raises(ValueError, match="no latest checkpoint at step 1"):
+      ckpt.restore(_state(0), step=1)
+
+
+def test_best_by_metric_and_prune_after(tmp_path):
+  with checkpoint.Checkpoints(tmp_path, keep=3, keep_best=1) as ckpt:
+    assert ckpt.save_best(1, _state(1), 0.5)
+    assert not ckpt.save_best(2, _state(2), 0.5)        # ties do not improve
+    assert not ckpt.save_best(3, _state(3), float("nan"))
+    assert ckpt.save_best(4, _state(4), 0.7)
+    assert not ckpt.save_best(5, _state(5), 0.6)
+    ckpt.save(4, _state(4))
+    ckpt.save(6, _state(6))
+    ckpt.wait()
+    assert ckpt.all_steps("best") == [4] and ckpt.best_value == 0.7
+    step, state, meta = ckpt.restore(_state(0), which="best")
+    assert step == 4 and meta["best_value"] == 0.7 and float(state.params["tau"]) == 4.0
+    ckpt.prune_after(5)
+    assert ckpt.all_steps() == [4] and ckpt.all_steps("best") == [4]
+    ckpt.prune_after(3)
+    assert ckpt.all_steps() == [] and ckpt.best_value is None
+  with pytest.raises(ValueError, match="best_mode='median'"):
+    checkpoint.Checkpoints(tmp_path / "x", best_mode="median")
+
+
+def _train_command(workdir, num_steps):
+  return [sys.executable, "-m", "bindjax.cli", "train",
+          f"--config={os.path.join(REPO, 'experiments', 'train.py')}:smoke",
+          f"--workdir={workdir}", f"--config.num_steps={num_steps}",
+          "--config.checkpoint.every=20", "--config.eval.every=20", "--config.log_every=10",
+          "--progress=false"]
+
+
+def _env(cache_dir):
+  env = dict(os.environ)
+  # Share compiled programs between the three processes (same programs, same numbers).
+  env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+             PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+  return env
+
+
+def _rows(workdir):
+  return train.read_metrics(os.path.join(workdir, train.METRICS_FILE))
+
+
+def _finalized_steps(workdir):
+  latest = os.path.join(workdir, train.CHECKPOINT_DIR, "latest")
+  if not os.path.isdir(latest):
+    return []
+  return sorted(int(d) for d in os.listdir(latest) if d.isdigit())
+
+
+def test_sigkill_and_resume_gives_identical_metrics(tmp_path):
+  num_steps = 240
+  env = _env(tmp_path / "jax_cache")
+  reference, killed = tmp_path / "reference", tmp_path / "killed"
+  done = subprocess.run(_train_command(reference, num_steps), env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+
+  process = subprocess.Popen(_train_command(killed, num_steps), env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  deadline = time.time() + 300
+  while not _finalized_steps(killed) and process.poll() is None and time.time() < deadline:
+    time.sleep(0.02)
+  still_running = process.poll() is None
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert still_running, "the run finished before a checkpoint appeared: make it longer"
+  rows_at_kill = _rows(killed)
+  assert not rows_at_kill or rows_at_kill[-1]["step"] < num_steps
+
+  resumed = subprocess.run(_train_command(killed, num_steps), env=env, capture_output=True,
+                           text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "resumed from the checkpoint at step" in resumed.stdout + resumed.stderr
+
+  expected, got = _rows(reference), _rows(killed)
+  assert [r["step"] for r in got] == [r["step"] for r in expected]
+  assert got == expected          # bit-identical metrics, final evaluation included
+  assert json.loads(resumed.stdout.strip().splitlines()[-1]) == json.loads(
+      done.stdout.strip().splitlines()[-1])
+  ckpt_dir = os.path.join(killed, train.CHECKPOINT_DIR)
+  assert os.listdir(os.path.join(ckpt_dir, "best")) == os.listdir(
+      os.path.join(reference, train.CHECKPOINT_DIR, "best"))
