@@ -280,7 +280,7 @@ def markdown_table(table, laws, step):
   """The ρ* table (and scaling law) as Markdown."""
   lines = [f"# Critical coverage ρ* ({step} step; held-out object accuracy, max-object scenes, "
            f"crossing {THRESHOLD})", "",
-           "| series | |O| | seeds | ρ* | 95% interval | slope | status |",
+           "| series | \\|O\\| | seeds | ρ* | 95% interval | slope | status |",
            "|---|---:|---:|---:|---|---:|---|"]
   for row in table:
     rho = "–" if row["rho_star"] is None else f"{row['rho_star']:.3f}"
@@ -289,7 +289,8 @@ def markdown_table(table, laws, step):
     slope = "–" if row["slope"] is None else f"{row['slope']:.1f}"
     status = {"fit": "fit", "above": "above 0.5 at every coverage",
               "below": "never reaches 0.5", "too_few": "fewer than 2 coverages"}[row["status"]]
-    lines.append(f"| {row['label']} | {row['space_size']:,} | {row['num_seeds']} | {rho} | "
+    label = row["label"].replace("|", "\\|")  # |O| must not split the Markdown cells
+    lines.append(f"| {label} | {row['space_size']:,} | {row['num_seeds']} | {rho} | "
                  f"{interval} | {slope} | {status} |")
   lines.append("")
   if laws:

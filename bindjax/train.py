@@ -499,13 +499,17 @@ def run_training(config, workdir, *, progress=True, log=print):
   try:
     t0 = time.perf_counter()
     options = FAST_COMPILE_OPTIONS if config.get("fast_compile", False) else None
-    state = jax.jit(lambda h: init(h.key, spec, h)).lower(hyper).compile(options)(hyper)
-    restored = ckpt.restore(state)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                            jax.eval_shape(lambda h: init(h.key, spec, h), hyper))
+    restored = ckpt.restore(abstract)
     metrics_path = os.path.join(workdir, METRICS_FILE)
     start = 0
     if restored is not None:
       start, state, _ = restored
       log(f"resumed from the checkpoint at step {start} in {ckpt.directory}")
+    else:
+      state = jax.jit(lambda h: init(h.key, spec, h)).lower(hyper).compile(options)(hyper)
     rows = [row for row in read_metrics(metrics_path) if row["step"] <= start]
     _rewrite_rows(metrics_path, rows)
     ckpt.prune_after(start)
@@ -513,13 +517,16 @@ def run_training(config, workdir, *, progress=True, log=print):
     evals = [row[BEST_METRIC] for row in rows if BEST_METRIC in row]
     ckpt.best_value = max(evals) if evals else None
 
+    if rows and rows[-1]["step"] == spec.num_steps == start:
+      log(f"the run in {workdir} is complete ({start} steps)")
+      return rows[-1]
     train_fn = jit_train_step(spec).lower(state, hyper).compile(options)
     eval_fn = jit_eval_step(spec).lower(state.params, eval_key(hyper.key, 0), hyper).compile(
         options)
     log(f"compiled train_step and eval_step in {time.perf_counter() - t0:.1f} s "
         f"({models.count_parameters(state.params):,} parameters, |O| = "
         f"{spec.space.num_objects}, {split.num_train} training objects)")
-    final = rows[-1] if rows and rows[-1]["step"] == spec.num_steps else None
+    final = None
 
     bar = tqdm(total=spec.num_steps, initial=start, unit="step", dynamic_ncols=True,
                disable=not progress, file=sys.stderr, mininterval=1.0)

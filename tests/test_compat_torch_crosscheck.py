@@ -60,7 +60,8 @@ def _record(torch, obj, prefix=""):
     return {prefix: {"dtype": array.dtype.name, "shape": list(array.shape),
                      "values": array.tolist()}}
   if isinstance(obj, torch.nn.Module):
-    items = list(obj._parameters.items()) + list(obj._modules.items())  # pylint: disable=protected-access
+    # Parameters (None for an absent bias) and submodules, as the pickled module holds them.
+    items = list(vars(obj)["_parameters"].items()) + list(vars(obj)["_modules"].items())
   elif isinstance(obj, dict):
     items = list(obj.items())
   else:
@@ -130,8 +131,8 @@ def _check_against_expected(name, loaded, expected):
     assert isinstance(got, np.ndarray), (name, path, type(got))
     assert got.dtype == np.dtype(want["dtype"]), (name, path, got.dtype)
     assert list(got.shape) == want["shape"], (name, path, got.shape)
-    np.testing.assert_array_equal(got, np.asarray(want["values"], want["dtype"]).reshape(want["shape"]),
-                                  err_msg=f"{name}:{path}")
+    expected_array = np.asarray(want["values"], want["dtype"]).reshape(want["shape"])
+    np.testing.assert_array_equal(got, expected_array, err_msg=f"{name}:{path}")
 
 
 @pytest.mark.parametrize("name", FIXTURE_FILES)

@@ -91,6 +91,43 @@ def test_identifiability_of_planted_families():
   print("planted family -> test-only R² of the same family:", report)
 
 
+def test_per_object_products_bind_in_sample_but_do_not_generalise():
+  """Scenes planted as Σ_objects (Σ_c a_c[v_c] + Π_c b_c[v_c]) + noise (D=32, random a, b),
+  where linear object probes fitted on all scenes are near perfect. The per-object-product
+  family reproduces the binding on the scenes it was fitted on (object accuracy ≥ 0.9 by the
+  frozen probes, clearly above the additive family). On test-only scenes (unseen objects) it
+  does NOT reach the issue's ≥ 0.9: with D-wide random b_c it needs about as many rank-1
+  components as there are training objects, so held-out objects are unconstrained. Asserted
+  as measured so a change is noticed (MLP[64] measured alike: 1.0 train-only, 0.003 test-only)."""
+  values = (6, 6)
+  objects, ids = complexity.all_scenes(values, 2)
+  rng = np.random.default_rng(1)
+  a, b = rng.normal(size=(2, 6, 32)), rng.normal(size=(2, 6, 32))
+  per_object = a[0][objects[..., 0]] + a[1][objects[..., 1]] + (
+      b[0][objects[..., 0]] * b[1][objects[..., 1]])
+  targets = per_object.sum(1) + 0.05 * rng.normal(size=(len(ids), 32))
+  data = make_data(values, objects, ids, targets)
+  probes, _ = linear.fit_probes(targets, data.labels, np.ones(len(ids), bool),
+                                linear.ProbeConfig(steps=500))
+  everything = np.ones((3, len(ids)), bool)
+  on_true = complexity.evaluate_predictions(data.targets_NxD, data, probes, everything)
+  assert float(on_true["object_acc"][0]) >= 0.95
+  config = complexity.FitConfig(steps=600, eval_every=300)
+  points = complexity.make_points(36, [0.5], [0], [1e-2])
+  train, test = complexity.MASKS.index("train_only"), complexity.MASKS.index("test_only")
+  report = {}
+  for family in ("per_object_product", "additive"):
+    model = binding.make(family, values, 2, out_dim=32)
+    history, _ = complexity.fit_models(model, data, probes, points, config)
+    report[family] = {key: float(history[key][0, -1, mask]) for key, mask in [
+        ("object_acc", train), ("test_object_acc", test), ("test_r2", test)]}
+  print("per-object planted data (train-only object acc, test-only object acc, R²):", report)
+  assert report["per_object_product"]["object_acc"] >= 0.9
+  assert report["per_object_product"]["object_acc"] >= report["additive"]["object_acc"] + 0.1
+  assert report["per_object_product"]["test_object_acc"] <= 0.1
+  assert report["per_object_product"]["test_r2"] < 0.5
+
+
 def test_lookup_table_control_does_not_generalise():
   """An independent random vector per object pair: no family predicts test-only scenes."""
   objects, ids = planted_scenes(V10, 2000)

@@ -26,7 +26,7 @@ def get_config(preset="paper"):
   cfg.decomposition = ml_collections.ConfigDict(dict(
       steps=fit_steps, learning_rate=fit.learning_rate, weight_decay=fit.weight_decay,
       batch_size=fit.batch_size, train_fraction=fit.train_fraction, seed=fit.seed,
-      banks="auto", control_seed=0, tie_tolerance=1e-6))
+      banks="auto", control_seed=0, tie_tolerance=1e-6, subtract="least_squares"))
   cfg.probe = ml_collections.ConfigDict(dict(
       steps=probe_steps, learning_rate=probe.learning_rate, similarity=probe.similarity,
       train_fraction=probe.train_fraction, seed=probe.seed))
@@ -73,7 +73,8 @@ def decomposition_config(cfg):
                                 train_fraction=float(d.train_fraction), seed=int(d.seed))
   return decomposition.DecompositionConfig(
       fit=fit.validate(), probe=probe_config(cfg), banks=_banks(d.banks),
-      control_seed=int(d.control_seed), tie_tolerance=float(d.tie_tolerance))
+      control_seed=int(d.control_seed), tie_tolerance=float(d.tie_tolerance),
+      subtract=str(d.subtract)).validate()
 
 
 def intervention_config(cfg):

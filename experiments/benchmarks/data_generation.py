@@ -4,7 +4,9 @@
   .venv/bin/python experiments/benchmarks/data_generation.py --repeats=9 --seconds=1
 
 Each row times `repeats` runs of at least `seconds` each, blocking on every call's result (so no
-run is flattered by queued asynchronous work), and reports the median scenes/s with its min/max.
+run is flattered by queued asynchronous work), rows interleaved so that load drift on a shared
+machine hits them alike, and reports the median scenes/s with its min/max, the median scenes per
+CPU-second the process got (robust to other processes' load) and the load average.
 Rows: one batch per call (what a train step does), several batches per call (`sample_batches`,
 dispatch amortised), the test split, and a 125,000-object world. Prints a table and writes JSON
 (atomically) to experiments/benchmarks/results/data_generation.json.
@@ -27,23 +29,21 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "data_generation.json")
 
 
-def _time_runs(fn, scenes_per_call, repeats, seconds):
-  """scenes/s of `repeats` runs, each calling fn() until `seconds` have passed."""
-  rates = []
-  for r in range(repeats):
-    calls, start = 0, time.perf_counter()
-    while True:
-      jax.block_until_ready(fn(jax.random.key(r * 1_000_003 + calls)))
-      calls += 1
-      elapsed = time.perf_counter() - start
-      if elapsed >= seconds:
-        break
-    rates.append(calls * scenes_per_call / elapsed)
-  return rates
+def _time_run(fn, scenes_per_call, seconds, seed):
+  """(scenes per wall second, scenes per CPU second of this process) of one run calling fn()
+  until `seconds` have passed, blocking on each result."""
+  calls, start, cpu_start = 0, time.perf_counter(), time.process_time()
+  while True:
+    jax.block_until_ready(fn(jax.random.key(seed * 1_000_003 + calls)))
+    calls += 1
+    elapsed = time.perf_counter() - start
+    if elapsed >= seconds:
+      cpu = max(time.process_time() - cpu_start, 1e-9)
+      return calls * scenes_per_call / elapsed, calls * scenes_per_call / cpu
 
 
-def benchmark_row(name, space, sampler, split, coverage, batches_per_call, repeats, seconds):
-  """Compiles, warms up and times one configuration; returns a JSON-able dict."""
+def prepare_row(name, space, sampler, split, coverage, batches_per_call):
+  """(description dict, fn(key), scenes per call), compiled and warmed up."""
   tables = world.coverage_split(space, coverage, 0)
   permutation = jnp.asarray(tables.permutation)
   num_train = jnp.int32(tables.num_train)
@@ -60,16 +60,33 @@ def benchmark_row(name, space, sampler, split, coverage, batches_per_call, repea
   compile_s = time.perf_counter() - start
   for i in range(3):
     jax.block_until_ready(fn(jax.random.key(1 + i)))
-  rates = _time_runs(fn, sampler.batch_size * batches_per_call, repeats, seconds)
-  return dict(
+  row = dict(
       name=name, split=split, coverage=coverage, batch_size=sampler.batch_size,
       batches_per_call=batches_per_call, num_concepts=space.num_concepts,
       values_per_concept=list(space.values_per_concept), max_objects=space.max_objects,
       num_objects=space.num_objects, num_concept_queries=sampler.num_concept_queries(space),
-      num_object_queries=sampler.num_object_queries(space), compile_and_first_call_s=compile_s,
-      repeats=repeats, seconds_per_repeat=seconds,
-      scenes_per_s_median=statistics.median(rates), scenes_per_s_min=min(rates),
-      scenes_per_s_max=max(rates), scenes_per_s_all=rates)
+      num_object_queries=sampler.num_object_queries(space), compile_and_first_call_s=compile_s)
+  return row, fn, sampler.batch_size * batches_per_call
+
+
+def run_rows(prepared, repeats, seconds):
+  """Times the rows interleaved (repeat r of every row, then r+1) so load drift on a shared
+  machine hits all rows alike; returns the rows with median/min/max scenes/s."""
+  rates = [[] for _ in prepared]
+  for r in range(repeats):
+    for i, (_, fn, scenes_per_call) in enumerate(prepared):
+      rates[i].append(_time_run(fn, scenes_per_call, seconds, seed=r))
+  rows = []
+  for (row, _, _), row_rates in zip(prepared, rates):
+    wall = [w for w, _ in row_rates]
+    cpu = [c for _, c in row_rates]
+    rows.append(dict(row, repeats=repeats, seconds_per_repeat=seconds,
+                     scenes_per_s_median=statistics.median(wall),
+                     scenes_per_s_min=min(wall), scenes_per_s_max=max(wall),
+                     scenes_per_s_all=wall,
+                     # Load-robust: scenes per CPU-second this process got (all its threads).
+                     scenes_per_cpu_s_median=statistics.median(cpu)))
+  return rows
 
 
 def write_json(path, payload):
@@ -99,25 +116,26 @@ def main(argv=None):
 
   space = world.ObjectSpace.uniform(args.num_concepts, args.num_values, args.max_objects)
   sampler = scenes.SamplerConfig(args.batch_size)
-  common = dict(repeats=args.repeats, seconds=args.seconds)
-  rows = [
-      benchmark_row("main", space, sampler, "train", args.coverage, 1, **common),
-      benchmark_row("main", space, sampler, "train", args.coverage, args.batches_per_call,
-                    **common)]
+  load_before = os.getloadavg()[0]
+  prepared = [
+      prepare_row("main", space, sampler, "train", args.coverage, 1),
+      prepare_row("main", space, sampler, "train", args.coverage, args.batches_per_call)]
   if not args.skip_extra_rows:
-    rows.append(benchmark_row("test split", space, sampler, "test", args.coverage, 1, **common))
+    prepared.append(prepare_row("test split", space, sampler, "test", args.coverage, 1))
     big = world.ObjectSpace.uniform(3, 50, args.max_objects)
-    rows.append(benchmark_row("|O|=125,000", big, sampler, "train", args.coverage, 1, **common))
+    prepared.append(prepare_row("|O|=125,000", big, sampler, "train", args.coverage, 1))
+  rows = run_rows(prepared, args.repeats, args.seconds)
 
   header = (f"{'row':<12} {'split':<5} {'|O|':>7} {'B':>4} {'batches':>7} {'Qo':>4} "
-            f"{'scenes/s median':>15} {'min':>9} {'max':>9} {'compile s':>9}")
+            f"{'scenes/s median':>15} {'min':>9} {'max':>9} {'per CPU-s':>9} {'compile s':>9}")
   print(header)
   print("-" * len(header))
   for row in rows:
     print(f"{row['name']:<12} {row['split']:<5} {row['num_objects']:>7} {row['batch_size']:>4} "
           f"{row['batches_per_call']:>7} {row['num_object_queries']:>4} "
           f"{row['scenes_per_s_median']:>15,.0f} {row['scenes_per_s_min']:>9,.0f} "
-          f"{row['scenes_per_s_max']:>9,.0f} {row['compile_and_first_call_s']:>9.2f}")
+          f"{row['scenes_per_s_max']:>9,.0f} {row['scenes_per_cpu_s_median']:>9,.0f} "
+          f"{row['compile_and_first_call_s']:>9.2f}")
   payload = dict(
       benchmark="data_generation", target_scenes_per_s=200_000,
       command="python experiments/benchmarks/data_generation.py " + " ".join(
@@ -125,7 +143,8 @@ def main(argv=None):
       environment=dict(
           bindjax=bindjax.__version__, jax=jax.__version__, backend=jax.default_backend(),
           devices=[str(d) for d in jax.devices()], cpu_count=os.cpu_count(),
-          load_average_1min=os.getloadavg()[0], python=platform.python_version(),
+          load_average_1min_before=load_before, load_average_1min_after=os.getloadavg()[0],
+          python=platform.python_version(),
           time_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
       rows=rows)
   write_json(args.output, payload)

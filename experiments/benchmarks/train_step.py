@@ -1,0 +1,193 @@
+"""Training-step throughput of bindjax.train.train_step (data generation included).
+
+  python experiments/benchmarks/train_step.py                      # paper + small configs
+  python experiments/benchmarks/train_step.py --configs=small --repeats=5 --steps=20
+  python experiments/benchmarks/train_step.py --no_donate          # compare without donation
+  XLA_FLAGS=... python experiments/benchmarks/train_step.py --tag=myflags
+
+For each config: compile time; steps/s as the median (and min/max) over `--repeats` timed runs of
+`--steps` steps each, after warm-up; model FLOPs per step, analytically (3 x the forward matmuls
+of both towers, `models.tower_flops`) and from XLA's cost analysis of the compiled step; the
+achieved FLOP/s; and the machine's measured float32 matmul FLOP/s for reference (median of
+several runs of the model's largest matmul shape and of a square 2048 matmul).
+
+Writes experiments/benchmarks/results/train_step[_TAG].{json,md}. Shared machines are noisy: the
+JSON records the load average at the start and end of the run.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bindjax import models
+from bindjax import train
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def _config(name):
+  c = train.default_config()       # the published run: C=2, V=20, K=2, d 256, 6 layers, B 512
+  c.coverage = 0.8
+  if name == "small":               # the CPU preset's model (experiments/train.py:cpu)
+    c.space.update(num_concepts=2, num_values=4, max_objects=2)
+    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32)
+    c.sampler.update(batch_size=64)
+  elif name != "paper":
+    raise ValueError(f"--configs: unknown config {name!r}; expected paper or small")
+  return c
+
+
+def _analytic_flops(spec):
+  """Model FLOPs of one training step: 3 x (scene tower + query tower + logits) forward."""
+  m = spec.model
+  num_queries = (spec.sampler.num_concept_queries(spec.space) +
+                 spec.sampler.num_object_queries(spec.space))
+  b = spec.sampler.batch_size
+  forward = (models.tower_flops(m, b, spec.space.scene_length, m.d_out) +
+             models.tower_flops(m, num_queries, spec.space.query_length, m.query_out_features) +
+             2 * b * num_queries * m.d_out)
+  return 3 * forward
+
+
+def _xla_flops(compiled):
+  try:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float(cost.get("flops", float("nan")))
+  except Exception:  # cost analysis is optional on some backends
+    return float("nan")
+
+
+def _time_runs(fn, repeats, inner):
+  """Seconds per call of fn() (which must block) over `repeats` runs of `inner` calls."""
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for _ in range(inner):
+      fn()
+    times.append((time.perf_counter() - t0) / inner)
+  return times
+
+
+def matmul_rate(m, k, n, repeats=5):
+  """Measured float32 FLOP/s of an [m,k]x[k,n] matmul: (median, min, max)."""
+  a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
+  f = jax.jit(jnp.dot)
+  f(a, b).block_until_ready()
+  inner = max(1, int(2e9 // (2 * m * k * n)))
+  rates = [2 * m * k * n / t for t in _time_runs(lambda: f(a, b).block_until_ready(), repeats,
+                                                   inner)]
+  return statistics.median(rates), min(rates), max(rates)
+
+
+def bench_config(name, steps, repeats, donate):
+  config = _config(name)
+  spec = train.RunSpec.from_config(config)
+  hyper, _ = train.hyper_from_config(config, spec)
+  hyper = jax.device_put(hyper)
+  state = jax.jit(lambda h: train.init(h.key, spec, h))(hyper)
+  step_fn = jax.jit(lambda s, h: train.train_step(s, h, spec),
+                    donate_argnums=(0,) if donate else ())
+  t0 = time.perf_counter()
+  compiled = step_fn.lower(state, hyper).compile()
+  compile_s = time.perf_counter() - t0
+  holder = {"state": state}
+
+  def one():
+    holder["state"], metrics = compiled(holder["state"], hyper)
+    jax.block_until_ready(metrics["loss"])
+
+  for _ in range(2):
+    one()
+  seconds = _time_runs(one, repeats, steps)
+  rates = [1 / s for s in seconds]
+  analytic = _analytic_flops(spec)
+  median = statistics.median(rates)
+  b = spec.sampler.batch_size
+  return {
+      "config": name, "donate": donate, "batch_size": b,
+      "space": list(spec.space.values_per_concept), "max_objects": spec.space.max_objects,
+      "d_model": spec.model.d_model, "num_layers": spec.model.num_layers,
+      "d_ff": spec.model.d_ff, "d_out": spec.model.d_out,
+      "parameters": models.count_parameters(holder["state"].params),
+      "compile_s": compile_s, "steps_per_s_median": median, "steps_per_s_min": min(rates),
+      "steps_per_s_max": max(rates), "s_per_step_median": 1 / median,
+      "repeats": repeats, "steps_per_repeat": steps,
+      "model_flops_per_step_analytic": analytic,
+      "xla_flops_per_step": _xla_flops(compiled),
+      "achieved_flops_per_s": analytic * median,
+  }
+
+
+def _write(path, text):
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--configs", default="paper,small")
+  parser.add_argument("--steps", type=int, default=3, help="timed steps per repeat")
+  parser.add_argument("--small_steps", type=int, default=50, help="timed steps per repeat, small")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--no_donate", action="store_true")
+  parser.add_argument("--tag", default="")
+  args = parser.parse_args(argv)
+
+  load_start = os.getloadavg()
+  matmuls = {}
+  for shape in ((512 * 9, 256, 2048), (2048, 2048, 2048)):
+    med, lo, hi = matmul_rate(*shape)
+    matmuls["x".join(map(str, shape))] = {"median": med, "min": lo, "max": hi}
+  reference = max(m["median"] for m in matmuls.values())
+  rows = []
+  for name in args.configs.split(","):
+    steps = args.steps if name == "paper" else args.small_steps
+    row = bench_config(name, steps, args.repeats, donate=not args.no_donate)
+    row["fraction_of_matmul_rate"] = row["achieved_flops_per_s"] / reference
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  result = {
+      "device": str(jax.devices()[0]), "num_cpus": os.cpu_count(), "jax": jax.__version__,
+      "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average_start": load_start,
+      "load_average_end": os.getloadavg(), "matmul_flops_per_s": matmuls,
+      "matmul_reference_flops_per_s": reference, "results": rows,
+      "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+  }
+  suffix = f"_{args.tag}" if args.tag else ""
+  os.makedirs(RESULTS, exist_ok=True)
+  _write(os.path.join(RESULTS, f"train_step{suffix}.json"), json.dumps(result, indent=2) + "\n")
+  lines = [
+      f"# train_step throughput ({result['device']}, {result['num_cpus']} CPUs, jax "
+      f"{result['jax']}, donate={not args.no_donate}, XLA_FLAGS='{result['xla_flags']}')", "",
+      f"Load average start/end: {load_start[0]:.1f} / {result['load_average_end'][0]:.1f} "
+      "(shared machine: numbers are noisy).",
+      f"Measured float32 matmul: " + ", ".join(
+          f"{k}: {v['median'] / 1e9:.0f} GFLOP/s ({v['min'] / 1e9:.0f}-{v['max'] / 1e9:.0f})"
+          for k, v in matmuls.items()), "",
+      "| config | params | batch | compile s | steps/s median (min-max) | s/step | "
+      "model GFLOP/step (XLA) | achieved GFLOP/s | of matmul rate |",
+      "|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(
+        f"| {r['config']} | {r['parameters']:,} | {r['batch_size']} | {r['compile_s']:.1f} | "
+        f"{r['steps_per_s_median']:.3f} ({r['steps_per_s_min']:.3f}-{r['steps_per_s_max']:.3f}) "
+        f"| {r['s_per_step_median']:.3f} | {r['model_flops_per_step_analytic'] / 1e9:.1f} "
+        f"({r['xla_flops_per_step'] / 1e9:.1f}) | {r['achieved_flops_per_s'] / 1e9:.1f} | "
+        f"{100 * r['fraction_of_matmul_rate']:.0f}% |")
+  _write(os.path.join(RESULTS, f"train_step{suffix}.md"), "\n".join(lines) + "\n")
+  print("\n".join(lines))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
