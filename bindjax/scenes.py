@@ -347,8 +347,8 @@ def _sample_batch(key, permutation_O, num_train, space, sampler, split):
   words = _random_words(key, space, sampler)
   permutation_O = permutation_O.astype(jnp.int32)
   num_train = jnp.asarray(num_train, jnp.int32)
-  count_B, slot_mask_BxK, ids_BxK, objects_BxKxC = jax.lax.optimization_barrier(_draw_scenes(
-      words, permutation_O, num_train, space, split))
+  count_B, slot_mask_BxK, ids_BxK, objects_BxKxC = _draw_scenes(
+      words, permutation_O, num_train, space, split)
   concept_tokens, concept_mask, concept_labels = _concept_queries(
       words, objects_BxKxC, slot_mask_BxK, space, sampler)
   object_tokens, object_ids, object_mask, object_labels = _object_queries(

@@ -162,7 +162,8 @@ def test_fixture_details():
 def test_legacy_module_class_outside_allow_list_is_refused(tmp_path):
   # Same file with the Linear class renamed (same length): the class named in a legacy
   # ('module', class, ...) persistent id still goes through the allow-list.
-  raw = open(os.path.join(FIXTURES, "legacy.pt"), "rb").read()
+  with open(os.path.join(FIXTURES, "legacy.pt"), "rb") as f:
+    raw = f.read()
   assert raw.count(b"\nLinear\n") == 1
   path = tmp_path / "conv.pt"
   path.write_bytes(raw.replace(b"\nLinear\n", b"\nConv1d\n"))

@@ -175,18 +175,19 @@ def test_causal_mask_only_in_clip_and_readout_row(variant, causal):
   block = models.Block(config)
   x = jax.random.normal(jax.random.key(5), (3, 9, D))
   valid = jnp.ones((3, 9), bool)
-  params = block.init(jax.random.key(6), x, valid)
-  y = block.apply(params, x, valid)
+  params = jax.jit(block.init)(jax.random.key(6), x, valid)
+  apply = jax.jit(block.apply)
+  y = apply(params, x, valid)
   shift = jax.random.normal(jax.random.key(31), (D,))  # not constant: LayerNorm removes that
-  y_changed = block.apply(params, x.at[:, 4:].add(shift), valid)
+  y_changed = apply(params, x.at[:, 4:].add(shift), valid)
   assert np.allclose(y[:, :4], y_changed[:, :4], atol=1e-6) == causal
   assert not np.allclose(y[:, 4:], y_changed[:, 4:], atol=1e-3)
   # The read-out block (queries and MLP for one row only) equals that row of the full block,
   # with padding keys masked.
   valid = jnp.asarray(SCENES != PAD)
   eos = models.eos_positions(jnp.asarray(SCENES), PAD)
-  full = block.apply(params, x, valid)
-  np.testing.assert_allclose(block.apply(params, x, valid, eos), full[jnp.arange(3), eos],
+  full = apply(params, x, valid)
+  np.testing.assert_allclose(apply(params, x, valid, eos), full[jnp.arange(3), eos],
                              atol=1e-5)
 
 
