@@ -186,14 +186,18 @@ class Linear(nn.Module):
                  self.param("bias", self.bias_init, (self.features,)))
 
   def __call__(self, x_NxI, start=0, stop=None):
+    lead = x_NxI.shape[:-1]
     kernel_IxO, bias_O = self.kernel, self.bias
     if start != 0 or stop is not None:
       kernel_IxO = kernel_IxO[:, start:stop]
       bias_O = None if bias_O is None else bias_O[start:stop]
-    y = jnp.dot(x_NxI.astype(self.dtype), kernel_IxO.astype(self.dtype))
+    # A 2-D matmul: the weight gradient then contracts a plain [N, I] matrix (no activation
+    # transposes in the backward pass).
+    x_NxI = x_NxI.reshape(-1, x_NxI.shape[-1]).astype(self.dtype)
+    y = jnp.dot(x_NxI, kernel_IxO.astype(self.dtype))
     if bias_O is not None:
       y = y + bias_O.astype(self.dtype)
-    return y
+    return y.reshape(*lead, y.shape[-1])
 
 
 def _layer_norm(name):

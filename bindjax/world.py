@@ -285,6 +285,7 @@ def num_train_objects(num_objects, coverage):
 
 
 def check_coverage(coverage):
+  """Returns coverage as a float; ValueError unless it is a number in (0, 1]."""
   if isinstance(coverage, bool) or not isinstance(coverage, (int, float, np.number)):
     raise ValueError(f"coverage must be a number in (0, 1], got {coverage!r}")
   coverage = float(coverage)

@@ -194,6 +194,7 @@ def _env(devices):
   return env
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
   """Killed right after writing step 5's rows (a torn line too), resumed from step 4."""
   _, _, rows = reference
@@ -231,6 +232,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(reference, tmp_path):
   """Two processes × 2 devices joined by jax.distributed on 127.0.0.1, via `bindjax sweep`."""
   _, _, rows = reference
