@@ -7,9 +7,13 @@ whose model axis is split over the devices of a `bindjax.parallel` mesh and chun
 when the models do not fit in memory at once. Each model trains by full-batch MSE on its
 train-only scenes with Adam and is scored every `eval_every` steps by frozen linear probes.
 """
+import csv
 import dataclasses
 import functools
+import io
+import json
 import logging
+import os
 import time
 
 import flax
@@ -269,6 +273,8 @@ def summarize(history, config):
         "best_test_concept_acc": float(history["concept_acc"][m, :, test].max()),
         "best_test_r2": float(history["r2"][m, :, test].max()),
         "final_train_loss": float(history["train_loss"][m, -1]),
+        # A diverged model is flagged, not fatal: its metrics are whatever NaNs gave.
+        "diverged": bool(not np.isfinite(history["train_loss"][m]).all()),
     }
     for key in ("concept_acc", "object_acc", "mse", "r2"):
       for i, mask in enumerate(MASKS):
@@ -357,12 +363,6 @@ def estimate_grid_bytes(entries, num_scenes, num_unique):
   return sum(bytes_per_model(e.model, num_scenes, num_unique) for e in entries)
 
 
-def nan_models(history):
-  """Indices of models whose training loss became non-finite."""
-  loss = history["train_loss"]
-  return [int(i) for i in np.flatnonzero(~np.isfinite(loss).all(-1))]
-
-
 
 
 def all_scenes(values_per_concept, max_objects):
@@ -415,14 +415,12 @@ CSV_COLUMNS = (
     "name", "family", "train_fraction", "seed", "learning_rate", "schedule", "steps",
     "num_parameters", "num_train_objects", "num_train_only_scenes", "num_test_only_scenes",
     "num_mixed_scenes", "best_test_object_acc", "best_step", "test_concept_acc_at_best",
-    "best_test_concept_acc", "best_test_r2", "final_train_loss",
+    "best_test_concept_acc", "best_test_r2", "final_train_loss", "diverged",
     *[f"final_{m}_{k}" for k in ("concept_acc", "object_acc", "mse", "r2") for m in MASKS])
 
 
 def rows_to_csv(rows):
   """CSV text of result rows (history left out)."""
-  import csv  # pylint: disable=g-import-not-at-top
-  import io  # pylint: disable=g-import-not-at-top
   out = io.StringIO()
   writer = csv.DictWriter(out, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
   writer.writeheader()
@@ -457,8 +455,6 @@ def run(config, workdir, embedding_set=None, log=print):
   Writes workdir/results.json (config, probe source, timings, rows with histories),
   workdir/results.csv and workdir/complexity.png. Returns the result rows.
   """
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
   results_path = os.path.join(workdir, "results.json")
   if os.path.exists(results_path) and not config.get("overwrite", False):
     raise FileExistsError(f"{results_path} exists; set --config.overwrite=True to replace it")

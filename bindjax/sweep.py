@@ -2,13 +2,15 @@
 
 `config.grid` declares the sweep (see experiments/coverage_sweep.py):
 
-  grid.spaces          [[C, V], ...] or [[C, V, K], ...] (V may be a list of per-concept sizes)
-  grid.coverages       [ρ, ...]
-  grid.seeds           [s, ...]   (model init, data and the coverage split of a replica)
-  grid.learning_rates  [] = config.optimizer.learning_rate
-  grid.weight_decays   [] = config.optimizer.weight_decay
-  grid.models          [] = config.model; else a list of dicts of config.model overrides, each
-                       with an optional "name"
+  grid.spaces          ((C, V), ...) or ((C, V, K), ...) (V may be a tuple of per-concept sizes)
+  grid.coverages       (ρ, ...)
+  grid.seeds           (s, ...)   (model init, data and the coverage split of a replica)
+  grid.learning_rates  () = config.optimizer.learning_rate
+  grid.weight_decays   () = config.optimizer.weight_decay
+  grid.models          () = config.model; else dicts of config.model overrides, each with an
+                       optional "name"
+(Tuples, because ml_collections overrides tuples but not lists on the command line:
+--config.grid.seeds='(0,1,2)'.)
 
 The grid expands to replicas (product, in that order). Replicas whose static settings
 (`train.RunSpec`: space, model, batch) agree form a *bucket*; each bucket runs as ONE
@@ -109,12 +111,12 @@ class Bucket:
 def _as_list(value, name):
   if isinstance(value, (list, tuple)):
     return list(value)
-  raise ValueError(f"config.grid.{name}={value!r}: expected a list")
+  raise ValueError(f"config.grid.{name}={value!r}: expected a tuple or list")
 
 
 def _space_entry(entry, default_k):
   if not isinstance(entry, (list, tuple)) or len(entry) not in (2, 3):
-    raise ValueError(f"config.grid.spaces entry {entry!r}: expected [C, V] or [C, V, K]")
+    raise ValueError(f"config.grid.spaces entry {entry!r}: expected (C, V) or (C, V, K)")
   c, v = entry[0], entry[1]
   k = entry[2] if len(entry) == 3 else default_k
   v = tuple(v) if isinstance(v, (list, tuple)) else v
@@ -136,7 +138,7 @@ def expand_grid(config):
   seeds = _as_list(grid.get("seeds"), "seeds")
   for name, values in (("spaces", spaces), ("coverages", coverages), ("seeds", seeds)):
     if not values:
-      raise ValueError(f"config.grid.{name}=[]: expected at least one value")
+      raise ValueError(f"config.grid.{name}=(): expected at least one value")
   lrs = _as_list(grid.get("learning_rates", []) or [], "learning_rates") or [
       config.optimizer.learning_rate]
   wds = _as_list(grid.get("weight_decays", []) or [], "weight_decays") or [

@@ -14,7 +14,8 @@ Presets (the ARG after the colon):
              batch 512, 50k steps, lr 3e-5). For accelerators / TPU pods (launch/).
   paper_20m  as paper with the ~20M-parameter towers of the paper's sweeps (d_model 512, d_out 512).
 
-Any field can be overridden, e.g. --config.grid.seeds=[0,1] --config.sweep.chunk_size=8
+Any field can be overridden; grid lists are tuples on the command line, e.g.
+--config.grid.seeds='(0,1)' --config.grid.spaces='((2,20),)' --config.sweep.chunk_size=8
 --config.num_steps=2000. Sweep settings: sweep.chunk_size (-1 automatic from device memory, 0 all
 replicas at once, n replicas at a time), sweep.num_data (devices per replica group; the rest of
 the devices form the "replica" mesh axis), sweep.memory_fraction, sweep.fast_compile (cheaper
@@ -24,7 +25,7 @@ import ml_collections
 
 from bindjax import train
 
-COVERAGES_0_1_TO_0_9 = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+COVERAGES_0_1_TO_0_9 = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 def get_config(arg="smoke"):
@@ -33,12 +34,12 @@ def get_config(arg="smoke"):
   c.sweep = ml_collections.ConfigDict(dict(chunk_size=-1, num_data=1, memory_fraction=0.7,
                                            fast_compile=False))
   c.grid = ml_collections.ConfigDict(dict(
-      spaces=[[2, 20]], coverages=list(COVERAGES_0_1_TO_0_9), seeds=[0, 1, 2],
-      learning_rates=[], weight_decays=[], models=[]))
+      spaces=((2, 20),), coverages=COVERAGES_0_1_TO_0_9, seeds=(0, 1, 2),
+      learning_rates=(), weight_decays=(), models=()))
   if arg == "smoke":
-    c.grid.spaces = [[2, 4], [2, 6]]
-    c.grid.coverages = [0.3, 0.6, 0.9]
-    c.grid.seeds = [0, 1]
+    c.grid.spaces = ((2, 4), (2, 6))
+    c.grid.coverages = (0.3, 0.6, 0.9)
+    c.grid.seeds = (0, 1)
     c.sweep.fast_compile = True
     c.model.update(d_model=32, num_heads=2, num_layers=1, d_ff=64, d_out=16)
     c.sampler.update(batch_size=32, max_concept_queries=16, max_positive_queries=16)
@@ -48,9 +49,9 @@ def get_config(arg="smoke"):
     c.log_every = 10
     c.checkpoint.update(every=20, keep=2)
   elif arg == "cpu":
-    c.grid.spaces = [[2, 10], [2, 20], [3, 10]]
-    c.grid.coverages = [0.1, 0.3, 0.5, 0.7, 0.9]
-    c.grid.seeds = [0, 1]
+    c.grid.spaces = ((2, 10), (2, 20), (3, 10))
+    c.grid.coverages = (0.1, 0.3, 0.5, 0.7, 0.9)
+    c.grid.seeds = (0, 1)
     c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32)
     c.sampler.update(batch_size=128)
     c.optimizer.learning_rate = 1e-3
@@ -59,7 +60,7 @@ def get_config(arg="smoke"):
     c.log_every = 100
     c.checkpoint.update(every=500, keep=2)
   elif arg in ("paper", "paper_20m"):
-    c.grid.spaces = [[2, 20], [2, 50], [3, 50]]
+    c.grid.spaces = ((2, 20), (2, 50), (3, 50))
     if arg == "paper_20m":
       c.model.update(d_model=512, num_heads=8, d_out=512)
     c.log_every = 100

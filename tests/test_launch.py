@@ -33,7 +33,7 @@ def test_tpu_pod_dry_run(capsys):
   assert tpu.main(["--name=pod", "--zone=us-central2-b", "--accelerator_type=v4-64",
                    "--project=proj", "--spot", "--gcs_bucket=my-bucket",
                    "--config=experiments/coverage_sweep.py:paper", "--workdir_root=/mnt/gcs/x",
-                   "--dry-run", "--", "--config.grid.seeds=[0]"]) == 0
+                   "--dry-run", "--", "--config.grid.seeds=(0,)"]) == 0
   lines = _lines(capsys)
   assert lines[0].startswith("# workdir: /mnt/gcs/x/") and lines[0].endswith("coverage_sweep-paper")
   workdir = lines[0].split(": ", 1)[1]
@@ -54,7 +54,7 @@ def test_tpu_pod_dry_run(capsys):
   remote = shlex.split([a for a in run_argv if a.startswith("--command=")][0][len("--command="):])
   assert remote[remote.index("&&") + 1:] == [
       ".venv/bin/bindjax", "sweep", "--config=experiments/coverage_sweep.py:paper",
-      f"--workdir={workdir}", "--config.grid.seeds=[0]"]
+      f"--workdir={workdir}", "--config.grid.seeds=(0,)"]
 
 
 def test_tpu_pod_requires_name():

@@ -46,8 +46,8 @@ def reference_hidden(model, params, values_NxKxC):
 @pytest.mark.parametrize("family,widths,learned_w", [
     ("mlp", (16, 8), False), ("additive", (), False), ("product", (), False),
     ("product", (), True), ("sum_product", (), True), ("per_object_product", (), False)])
-@pytest.mark.parametrize("values,max_objects", [((3, 3), 2), ((2, 4, 3), 3)])
-def test_family_formula_and_parameter_count(family, widths, learned_w, values, max_objects):
+def test_family_formula_and_parameter_count(family, widths, learned_w):
+  values, max_objects = (2, 4, 3), 3  # any K and C: 3 objects of 3 concepts, unequal V_c
   model = binding.make(family, values, max_objects, out_dim=5, widths=widths, embed_dim=6,
                        learned_w=learned_w)
   params = model.init(jax.random.PRNGKey(0))

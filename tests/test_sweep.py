@@ -26,10 +26,10 @@ HEALTHY_LR, HUGE_LR = 3e-3, 1e38
 def tiny_config():
   """12 replicas (2 coverages × 3 seeds × 2 learning rates, one of them diverging), 1 bucket."""
   c = coverage_sweep.get_config("smoke")
-  c.grid.spaces = [[2, 3]]
-  c.grid.coverages = [0.5, 0.8]
-  c.grid.seeds = [0, 1, 2]
-  c.grid.learning_rates = [HEALTHY_LR, HUGE_LR]
+  c.grid.spaces = ((2, 3),)
+  c.grid.coverages = (0.5, 0.8)
+  c.grid.seeds = (0, 1, 2)
+  c.grid.learning_rates = (HEALTHY_LR, HUGE_LR)
   c.model.update(d_model=16, num_heads=2, num_layers=1, d_ff=32, d_out=8)
   c.sampler.update(batch_size=8, max_concept_queries=8, max_positive_queries=8)
   c.num_steps = NUM_STEPS
@@ -77,17 +77,17 @@ def test_expand_grid_buckets_and_validation():
   assert [r.coverage for r in replicas[:6]] == [0.5, 0.5, 0.5, 0.8, 0.8, 0.8]
   assert [r.num_train for r in replicas[:6:3]] == [4, 7]
   c = tiny_config()
-  c.grid.spaces = [[2, 3], [2, 4, 3]]
-  c.grid.models = [{"name": "a"}, {"d_model": 8, "num_heads": 2}]
+  c.grid.spaces = ((2, 3), (2, 4, 3))
+  c.grid.models = ({"name": "a"}, {"d_model": 8, "num_heads": 2})
   replicas, buckets = sweep.expand_grid(c)
   assert len(replicas) == 48 and len(buckets) == 4
   assert {r.model for r in replicas} == {"a", "d_model=8,num_heads=2"}
   assert buckets[2].spec.space.max_objects == 3
-  c.grid.coverages = [0.5, 1.5]
+  c.grid.coverages = (0.5, 1.5)
   with pytest.raises(ValueError, match=r"grid.coverages\[1\]=1.5"):
     sweep.expand_grid(c)
   c = tiny_config()
-  c.grid.models = [{"width": 3}]
+  c.grid.models = ({"width": 3},)
   with pytest.raises(ValueError, match="unknown model field 'width'"):
     sweep.expand_grid(c)
 
@@ -164,7 +164,7 @@ def test_rerun_into_finished_workdir_does_nothing(reference):
   assert again == done and "already finished" in messages[0]
   assert (open(path).read(), os.stat(path).st_mtime_ns) == before
   other = tiny_config()
-  other.grid.seeds = [5]
+  other.grid.seeds = (5,)
   os.rename(os.path.join(workdir, sweep.DONE_FILE), os.path.join(workdir, "done.bak"))
   try:
     with pytest.raises(ValueError, match="different config"):

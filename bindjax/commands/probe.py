@@ -15,12 +15,9 @@ from bindjax.commands import flags as flags_lib
 
 
 def load_embedding_set(directory):
-  """A native embedding set, or a folder written by the original code."""
+  """A native or TFDS-built embedding set, or a folder written by the original code."""
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
-  from bindjax.compat import reference  # pylint: disable=g-import-not-at-top
-  if os.path.exists(os.path.join(directory, embeddings.ARRAYS_FILE)):
-    return embeddings.EmbeddingSet.load(directory)
-  return reference.read_reference_folder(directory)
+  return embeddings.read_embeddings(directory)
 
 
 def write_probes(probes, metrics, workdir):

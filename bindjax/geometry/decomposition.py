@@ -5,9 +5,11 @@ On the centred 2-object embeddings y (mean of the 2-object scenes removed):
 - concept model ŷ = Σ_slot Σ_c T_{slot,c}[v_{slot,c}];
 both fitted with AdamW (lr 1e-2, 10,000 steps, batches of 2048 rows drawn with replacement from a
 99% training split) and scored by R² = 1 − SSE/SST pooled over dimensions; the exact least-squares
-solution on the same split is reported beside each fit. Closed-form object
-estimates (obj-avg, pos-avg, single-object) give reconstructions ŷ = u[o1] + u[o2] scored the same
-way (single-object estimates are centred by the mean single-object embedding).
+solution on the same split is reported beside each fit. Closed-form object estimates (obj-avg,
+pos-avg, single-object) give reconstructions ŷ = u[o1] + u[o2] scored the same way (single-object
+estimates are centred by the mean single-object embedding). The base probes score every
+reconstruction, and each reconstruction retrieves its own scene (cosine top-1 among the real
+centred 2-object embeddings).
 
 Subtraction suite: §9 probes fitted on the base embeddings y, on y − concept reconstruction, on
 y − object reconstruction, and on two controls that subtract the same models evaluated at
@@ -15,10 +17,8 @@ permuted ids (a random derangement of object ids, resp. of each concept's values
 subtracted vectors have the right magnitude but the wrong content. All five probe runs are fitted
 in one batch. By default the reconstructions subtracted are the least-squares solutions: the
 AdamW fit at a constant lr 1e-2 ends jittering around the optimum, and that per-id error is itself
-additive, so 10,000-step probes read the concepts back from "y − fit" (measured on clevr_text:
-concept accuracy 0.79 after subtracting the fit, 0.22 after subtracting the exact solution).
-`subtract="fit"` subtracts the fitted tables instead. The base probes also score every reconstruction, and each reconstruction is used to
-retrieve its own scene (cosine top-1 among the real centred 2-object embeddings).
+additive, so 10,000-step probes read the concepts back from "y − fit" (clevr_text: concept
+accuracy 0.79 after subtracting the fit). `subtract="fit"` subtracts the fitted tables instead.
 """
 import dataclasses
 import functools
@@ -190,6 +190,57 @@ def _retrieval(reconstruction_NxD, y_NxD, ids_Nx2, tie_tolerance):
           "order_insensitive_accuracy": float(res["order_insensitive_hit"].mean())}
 
 
+def _permuted_controls(obj_table, con_table, index, values_Nx2xC, values_per_concept, seed):
+  """The fitted models evaluated at deranged object ids / deranged values of each concept."""
+  rng = np.random.RandomState(seed)
+  num_u = index.num_objects
+  object_perm_U = derangement(num_u, rng)
+  obj_pred = obj_table[object_indices(object_perm_U[index.ids_Nx2], num_u)].sum(1)
+  permuted_values = values_Nx2xC.copy()
+  value_perms = []
+  for c, v in enumerate(values_per_concept):
+    value_perms.append(derangement(v, rng))
+    permuted_values[..., c] = value_perms[-1][values_Nx2xC[..., c]]
+  con_pred = con_table[concept_indices(permuted_values, values_per_concept)].sum(1)
+  return con_pred, obj_pred, {"object_permutation": object_perm_U,
+                              "value_permutations": value_perms}
+
+
+def _subtraction_suite(stack_MxNxD, y_NxD, labels, config):
+  """Probes fitted on every variant in one batch; (per-variant results, weights)."""
+  n = len(y_NxD)
+  probe_train, _ = linear.scene_split(n, config.probe.seed, config.probe.train_fraction)
+  train_mask = linear.rows_to_mask(probe_train, n)
+  weights, losses = linear.fit_probes(stack_MxNxD, labels, train_mask, config.probe)
+  sim = config.probe.similarity
+  scores = {split: _score_stack(weights, stack_MxNxD, labels, mask, 0, sim)
+            for split, mask in (("train", train_mask), ("test", ~train_mask))}
+  losses = np.asarray(losses)
+  suite = {}
+  for m, name in enumerate(SUITE):
+    suite[name] = {split: linear.to_python(jax.tree_util.tree_map(lambda x, m=m: x[m], s))
+                   for split, s in scores.items()}
+    suite[name]["final_train_loss"] = float(losses[m, -1])
+    suite[name]["removed_norm_fraction"] = float(
+        np.linalg.norm(y_NxD - stack_MxNxD[m]) / np.linalg.norm(y_NxD))
+  return suite, weights
+
+
+def _bank_reconstruction(bank_name, index, embeddings_AxD, mean_D, y_NxD):
+  """(centred reconstruction u[o1] + u[o2], info); rows lacking an estimate are zero."""
+  bank = common.object_bank(bank_name, index, embeddings_AxD)
+  centre_D = (embeddings_AxD[index.single_rows_S].mean(0) if bank_name == "single-object"
+              else mean_D)
+  tables = [bank.slot(s) for s in (0, 1)]
+  present_2xN = np.stack([tables[s][1][index.ids_Nx2[:, s]] for s in (0, 1)])
+  usable_N = present_2xN.all(0)
+  pred_NxD = sum(tables[s][0][index.ids_Nx2[:, s]] - centre_D for s in (0, 1))
+  pred_NxD[~usable_N] = 0.0
+  return pred_NxD, {"r2": common.r_squared(y_NxD[usable_N], pred_NxD[usable_N]),
+                    "scenes_without_estimate": int((~usable_N).sum()),
+                    "missing_object_vectors": int((~present_2xN).sum())}
+
+
 def run_decomposition(embedding_set, config=DecompositionConfig()):
   """Both additive fits, the object estimates and the subtraction suite; returns a results dict."""
   config.validate()
@@ -201,91 +252,44 @@ def run_decomposition(embedding_set, config=DecompositionConfig()):
   values_per_concept = tuple(int(v) for v in embedding_set.values_per_concept)
   num_u = index.num_objects
   embeddings_AxD = np.asarray(embedding_set.embeddings, np.float64)
-  two_NxD = embeddings_AxD[index.rows_N]
-  mean_D = two_NxD.mean(0)
-  y_NxD = two_NxD - mean_D
+  mean_D = embeddings_AxD[index.rows_N].mean(0)
+  y_NxD = embeddings_AxD[index.rows_N] - mean_D
   n = len(y_NxD)
   values_Nx2xC = index.unique_UxC[index.ids_Nx2]
 
-  # Additive fits.
   train_rows, test_rows = split_rows(n, config.fit.train_fraction, config.fit.seed)
-  obj_idx = object_indices(index.ids_Nx2, num_u)
-  con_idx = concept_indices(values_Nx2xC, values_per_concept)
-  obj_solutions, obj_info = _fit_and_score("object", obj_idx, y_NxD, 2 * num_u, train_rows,
-                                           test_rows, config.fit)
-  con_solutions, con_info = _fit_and_score("concept", con_idx, y_NxD, 2 * sum(values_per_concept),
-                                           train_rows, test_rows, config.fit)
+  obj_solutions, obj_info = _fit_and_score("object", object_indices(index.ids_Nx2, num_u), y_NxD,
+                                           2 * num_u, train_rows, test_rows, config.fit)
+  con_solutions, con_info = _fit_and_score(
+      "concept", concept_indices(values_Nx2xC, values_per_concept), y_NxD,
+      2 * sum(values_per_concept), train_rows, test_rows, config.fit)
   obj_table, obj_pred = obj_solutions[config.subtract]
   con_table, con_pred = con_solutions[config.subtract]
+  con_perm_pred, obj_perm_pred, controls = _permuted_controls(
+      obj_table, con_table, index, values_Nx2xC, values_per_concept, config.control_seed)
 
-  # Permuted-id controls: the same tables at deranged ids.
-  rng = np.random.RandomState(config.control_seed)
-  object_perm_U = derangement(num_u, rng)
-  obj_perm_pred = obj_table[object_indices(object_perm_U[index.ids_Nx2], num_u)].sum(1)
-  permuted_values = values_Nx2xC.copy()
-  value_perms = []
-  for c, v in enumerate(values_per_concept):
-    perm_V = derangement(v, rng)
-    value_perms.append(perm_V)
-    permuted_values[..., c] = perm_V[values_Nx2xC[..., c]]
-  con_perm_pred = con_table[concept_indices(permuted_values, values_per_concept)].sum(1)
-
-  # Probes of the suite, one batch.
   labels = linear.probe_labels(embedding_set.objects[index.rows_N], np.full(n, 2),
                                values_per_concept, index.ids_Nx2, num_u)
-  probe_train, _ = linear.scene_split(n, config.probe.seed, config.probe.train_fraction)
-  train_mask = linear.rows_to_mask(probe_train, n)
   stack_MxNxD = np.stack([y_NxD, y_NxD - con_pred, y_NxD - obj_pred, y_NxD - con_perm_pred,
                           y_NxD - obj_perm_pred]).astype(np.float32)
-  weights, losses = linear.fit_probes(stack_MxNxD, labels, train_mask, config.probe)
-  sim = config.probe.similarity
-  train_scores = _score_stack(weights, stack_MxNxD, labels, train_mask, 0, sim)
-  test_scores = _score_stack(weights, stack_MxNxD, labels, ~train_mask, 0, sim)
-  losses = np.asarray(losses)
-  suite = {}
-  for m, name in enumerate(SUITE):
-    suite[name] = {
-        "train": linear.to_python(jax.tree_util.tree_map(lambda x, m=m: x[m], train_scores)),
-        "test": linear.to_python(jax.tree_util.tree_map(lambda x, m=m: x[m], test_scores)),
-        "final_train_loss": float(losses[m, -1]),
-        "removed_norm_fraction": float(np.linalg.norm(y_NxD - stack_MxNxD[m]) /
-                                       np.linalg.norm(y_NxD)),
-    }
+  suite, weights = _subtraction_suite(stack_MxNxD, y_NxD, labels, config)
 
-  # Reconstructions scored with the base probes and by retrieval.
-  base_weights = jax.tree_util.tree_map(lambda x: x[0], weights)
-  all_rows = np.ones(n, bool)
-
-  reconstructions = {"object_model": obj_solutions["fit"][1],
-                     "concept_model": con_solutions["fit"][1]}
-  estimates = {}
+  # Every reconstruction: R², the base probes' accuracy on it, retrieval of its own scene.
+  reconstructions = {"object_model": (obj_solutions["fit"][1], {"r2": obj_info["r2_all"]}),
+                     "concept_model": (con_solutions["fit"][1], {"r2": con_info["r2_all"]})}
   for bank_name in banks:
-    bank = common.object_bank(bank_name, index, embeddings_AxD)
-    centre_D = (np.asarray(embeddings_AxD[index.single_rows_S]).mean(0)
-                if bank_name == "single-object" else mean_D)
-    tables = [bank.slot(s) for s in (0, 1)]
-    missing = sum(int((~tables[s][1][index.ids_Nx2[:, s]]).sum()) for s in (0, 1))
-    usable_N = tables[0][1][index.ids_Nx2[:, 0]] & tables[1][1][index.ids_Nx2[:, 1]]
-    pred = sum(tables[s][0][index.ids_Nx2[:, s]] - centre_D for s in (0, 1))
-    pred[~usable_N] = 0.0
-    reconstructions[bank_name] = pred
-    estimates[bank_name] = {"r2": common.r_squared(y_NxD[usable_N], pred[usable_N]),
-                            "scenes_without_estimate": int((~usable_N).sum()),
-                            "missing_object_vectors": missing}
+    reconstructions[bank_name] = _bank_reconstruction(bank_name, index, embeddings_AxD, mean_D,
+                                                      y_NxD)
   names = list(reconstructions)
-  frozen = _score_stack(base_weights, np.stack([reconstructions[k] for k in names]).astype(
-      np.float32), labels, all_rows, None, sim)
+  base_weights = jax.tree_util.tree_map(lambda x: x[0], weights)
+  frozen = _score_stack(base_weights, np.stack([reconstructions[k][0] for k in names]).astype(
+      np.float32), labels, np.ones(n, bool), None, config.probe.similarity)
   scored = {}
   for r, name in enumerate(names):
-    scored[name] = {
-        "probe": {m: float(frozen[m][r]) for m in ("concept_acc", "object_acc")},
-        "retrieval": _retrieval(reconstructions[name], y_NxD, index.ids_Nx2,
-                                config.tie_tolerance)}
-    if name in estimates:
-      scored[name].update(estimates[name])
-  scored["object_model"]["r2"] = obj_info["r2_all"]
-  scored["concept_model"]["r2"] = con_info["r2_all"]
-
+    pred_NxD, info = reconstructions[name]
+    scored[name] = {"probe": {m: float(frozen[m][r]) for m in ("concept_acc", "object_acc")},
+                    "retrieval": _retrieval(pred_NxD, y_NxD, index.ids_Nx2, config.tie_tolerance),
+                    **info}
   return {
       "num_two_object_scenes": n,
       "num_single_object_scenes": int(len(index.single_rows_S)),
@@ -297,8 +301,7 @@ def run_decomposition(embedding_set, config=DecompositionConfig()):
       "reconstructions": scored,
       "subtraction": suite,
       "subtracted": config.subtract,
-      "controls": {"object_permutation": object_perm_U,
-                   "value_permutations": value_perms},
+      "controls": controls,
       "banks": list(banks),
       "config": dataclasses.asdict(config),
   }

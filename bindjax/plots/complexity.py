@@ -1,4 +1,4 @@
-"""Complexity figure: test-only object and concept accuracy vs train fraction, one line per model."""
+"""Complexity figure: test-only object and concept accuracy vs train fraction, a line per model."""
 import collections
 import io
 import os

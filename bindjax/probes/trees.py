@@ -62,7 +62,7 @@ def fit_trees(kind, data, probes, fractions, seeds, num_estimators=100,
         "test_concept_acc_at_best": float(metrics["concept_acc"][test]),
         "best_test_concept_acc": float(metrics["concept_acc"][test]),
         "best_test_r2": float(metrics["r2"][test]), "final_train_loss": float(
-            metrics["mse"][0]), "fit_s": fit_s,
+            metrics["mse"][0]), "diverged": False, "fit_s": fit_s,
     }
     for key in ("concept_acc", "object_acc", "mse", "r2"):
       for k, mask in enumerate(complexity.MASKS):

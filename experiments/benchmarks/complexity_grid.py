@@ -5,7 +5,7 @@ r"""Benchmark: the paper's complexity grid as one batch vs one fit at a time vs 
 
 The grid: train fractions 0.1..0.9 × {MLP 1024, product, sum+product}, lr 1e-2 (27 fits) on a
 CLEVR-sized synthetic embedding set (24 objects, all 576 ordered pairs, D=512). Three ways:
-  batch       `complexity.fit_grid`: one jit(vmap) per approximator shape (3 programs, 9 models each)
+  batch       `complexity.fit_grid`: a jit(vmap) per approximator shape (3 programs, 9 models)
   sequential  the same code one model at a time (`fit_models` with M=1; compiled once per shape)
   processes   a separate `bindjax complexity` process per fit (how the original code runs them);
               with --process_samples=S < 27 only S processes run (one per family first) and the

@@ -34,10 +34,10 @@ RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
 def config_for(model, replicas):
   """A sweep config with exactly `replicas` replicas (coverages × seeds) of one bucket."""
   c = coverage_sweep.get_config("paper" if model == "paper" else "smoke")
-  c.grid.spaces = [[2, 20]] if model == "paper" else [[2, 10]]
-  coverages = [0.2, 0.4, 0.6, 0.8]
+  c.grid.spaces = ((2, 20),) if model == "paper" else ((2, 10),)
+  coverages = (0.2, 0.4, 0.6, 0.8)
   c.grid.coverages = coverages[:min(replicas, 4)]
-  c.grid.seeds = list(range(max(1, replicas // len(c.grid.coverages))))
+  c.grid.seeds = tuple(range(max(1, replicas // len(c.grid.coverages))))
   c.sweep.fast_compile = False
   if model == "small":
     c.model.update(d_model=32, num_heads=2, num_layers=1, d_ff=64, d_out=16)
@@ -84,8 +84,8 @@ def compare(args):
   singles = []
   for index in range(replicas):
     one = config_for(args.model, 1)
-    one.grid.coverages = [bucket.replicas[index].coverage]
-    one.grid.seeds = [bucket.replicas[index].seed]
+    one.grid.coverages = (bucket.replicas[index].coverage,)
+    one.grid.seeds = (bucket.replicas[index].seed,)
     singles.append(bucket_runner(one))
   compile_one = singles[0][0]
   sweep_rates, sequential_rates = [], []
