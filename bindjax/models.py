@@ -5,8 +5,9 @@ Two tower variants share one module:
       keys masked, exact GELU, feed-forward width `d_ff`, no final norm, EOS read-out, linear
       projection with bias. Xavier-uniform on every matrix; zero attention biases; the other
       biases use PyTorch's nn.Linear default U(±1/sqrt(fan_in)), as in the original code.
-  "clip": learned positions, causal mask, QuickGELU, 4·d_model MLP, final LayerNorm, bias-free
-      projection, CLIP's initialisation.
+  "clip": learned positions, causal mask (padding keys masked too, which cannot change the EOS
+      row), QuickGELU, 4·d_model MLP, final LayerNorm, bias-free projection, CLIP's init; read
+      out at EOS (the original read position #PAD − 1 here, a quirk bindjax does not copy).
 
 Parameters per tower: {"embed": {"embedding"}, ["pos_embedding"], "block_{i}": {"attn_norm",
 "attn": {"qkv", "out"}, "mlp_norm", "mlp": {"fc1", "fc2"}}, ["final_norm"], "proj"}. The fused
@@ -173,7 +174,7 @@ def eos_positions(tokens_BxL, pad_token):
 
 
 class Linear(nn.Module):
-  """y = x·W (+ b) with W [in, out]; `columns` computes a column slice of the output only."""
+  """y = x·W (+ b) with W [in, out]; `start`/`stop` compute only that column slice of y."""
   in_features: int
   features: int
   kernel_init: Callable

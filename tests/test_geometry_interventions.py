@@ -100,7 +100,7 @@ def test_clevr_text_results(clevr_text):
 
 def test_planted_position_dependent_pos_avg_retrieves_everything():
   es = planted.planted_set("position_dependent", noise=0.05)
-  summary, _ = interventions.run_interventions(es, config())
+  summary, _ = interventions.run_interventions(es, config(probes="none"))
   assert summary["num_cases"] == 2 * (144 - 3 * 16)
   res = {b: r["by_strength"]["1"]["all"] for b, r in summary["results"].items()}
   assert res["pos-avg"]["retrieval"] == 1.0
@@ -109,7 +109,8 @@ def test_planted_position_dependent_pos_avg_retrieves_everything():
 
 def test_planted_position_independent_ties_are_reported():
   es = planted.planted_set("position_independent")
-  summary, rows = interventions.run_interventions(es, config(banks=("obj-avg", "pos-avg")))
+  summary, rows = interventions.run_interventions(es, config(banks=("obj-avg", "pos-avg"),
+                                                            probes="none"))
   for bank in ("obj-avg", "pos-avg"):
     m = summary["results"][bank]["by_strength"]["1"]["all"]
     # The counterpart and its swapped order embed identically: a tie, counted as a miss.
