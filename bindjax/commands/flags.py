@@ -33,10 +33,16 @@ def new_flag_values(with_config=True, with_workdir=True, config_help="experiment
 
 def parse(flag_values, argv, required=()):
   """Parses argv (argv[0] is the program name) into flag_values; clear errors for bad input."""
+  argv = list(argv)
+  # ml_collections finds `--config.field=value` overrides in sys.argv at parse time; point it at
+  # this argv so commands called in-process (tests, notebooks) see their own overrides.
+  saved_argv, sys.argv = sys.argv, argv
   try:
     rest = flag_values(argv)
   except flags.Error as e:
     raise UsageError(f"{argv[0]}: {e}") from None
+  finally:
+    sys.argv = saved_argv
   if flag_values["help"].value:
     print(flag_values.main_module_help() or flag_values.get_help())
     raise SystemExit(0)

@@ -13,6 +13,7 @@ one, is recoloured to it. `target_draws="per_object"` draws a fresh target for e
 Which concept is the "attribute" and which the "shape" is configurable (clevr_text: 0 and 1).
 """
 import dataclasses
+import json
 import os
 import random
 
@@ -274,7 +275,6 @@ def write_interventions(workdir, summary, rows, overwrite=False):
 
 def load_summary(path):
   """An interventions summary JSON (or a run directory holding one)."""
-  import json  # pylint: disable=g-import-not-at-top
   if os.path.isdir(path):
     path = os.path.join(path, SUMMARY_FILE)
   if not os.path.exists(path):

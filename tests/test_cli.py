@@ -1,0 +1,44 @@
+"""The `bindjax` dispatcher and the shared flag parsing of commands."""
+import sys
+
+import pytest
+
+from bindjax import cli
+from bindjax.commands import flags
+
+
+def test_help_lists_every_command(capsys):
+  assert cli.main(["--help"]) == 0
+  out = capsys.readouterr().out
+  for name in cli.COMMANDS:
+    assert name in out
+
+
+def test_unknown_command_is_named(capsys):
+  assert cli.main(["trian"]) == 2
+  assert "'trian'" in capsys.readouterr().err
+
+
+def test_every_command_module_has_main():
+  import importlib
+  for module in cli.COMMANDS.values():
+    assert callable(importlib.import_module(f"bindjax.commands.{module}").main)
+
+
+def test_config_overrides_come_from_the_given_argv(monkeypatch):
+  monkeypatch.setattr(sys, "argv", ["python", "--config.num_steps=999"])
+  fv = flags.new_flag_values()
+  flags.parse(fv, ["bindjax train", "--config=experiments/train.py:smoke",
+                   "--config.num_steps=7", "--workdir=/tmp/unused"], required=("workdir",))
+  assert fv["config"].value.num_steps == 7
+  assert sys.argv == ["python", "--config.num_steps=999"]
+
+
+def test_missing_required_flag_and_stray_arguments_exit_2(capsys):
+  with pytest.raises(SystemExit) as e:
+    flags.parse(flags.new_flag_values(with_config=False), ["bindjax report"],
+                required=("workdir",))
+  assert e.value.code == 2 and "--workdir is required" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as e:
+    flags.parse(flags.new_flag_values(with_config=False), ["bindjax report", "extra"])
+  assert e.value.code == 2 and "unexpected arguments" in capsys.readouterr().err
