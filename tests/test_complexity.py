@@ -75,7 +75,7 @@ def test_clevr_object_split_counts_match_spec():
 def test_identifiability_of_planted_families():
   """Embeddings planted from a family's own form (random parameters) are recovered by that
   family on test-only scenes (objects never seen in training). Best of 8 restarts by train loss."""
-  objects, ids = planted_scenes(V10, 1500)
+  objects, ids = planted_scenes(V10, 2000)
   probes = linear.init_weights(jax.random.PRNGKey(0), V10, 100, 16, linear.ProbeConfig())
   config = complexity.FitConfig(steps=1500, eval_every=500)
   test = complexity.MASKS.index("test_only")
@@ -134,7 +134,7 @@ def test_per_object_products_bind_in_sample_but_do_not_generalise():
 @pytest.mark.slow
 def test_lookup_table_control_does_not_generalise():
   """An independent random vector per object pair: no family predicts test-only scenes."""
-  objects, ids = planted_scenes(V10, 1500)
+  objects, ids = planted_scenes(V10, 2000)
   rng = np.random.default_rng(5)
   table = rng.normal(size=(100, 100, 16)).astype(np.float32)
   data = make_data(V10, objects, ids, table[ids[:, 0], ids[:, 1]])
