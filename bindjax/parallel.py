@@ -7,7 +7,7 @@ works and the compiler places everything else. No pmap.
 
 Multi-host: every process builds the same host arrays (the grid is deterministic) and
 `shard_replicas` hands each device its own rows; `to_host` gathers results on every process;
-only process 0 writes files (`is_writer`, `write_atomic`).
+only process 0 writes files (`is_writer`, then `bindjax.files`).
 """
 import functools
 import logging
@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from bindjax import files
 
 REPLICA_AXIS = "replica"
 DATA_AXIS = "data"
@@ -292,18 +294,8 @@ def is_writer():
   return jax.process_index() == 0
 
 
-def write_atomic(path, data):
-  """Writes text or bytes to path via a temporary file in the same directory and os.replace."""
-  path = os.fspath(path)
-  directory = os.path.dirname(path) or "."
-  os.makedirs(directory, exist_ok=True)
-  tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
-  mode = "wb" if isinstance(data, (bytes, bytearray)) else "w"
-  with open(tmp, mode) as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+# Kept for bindjax/complexity.py until it calls bindjax.files directly.
+write_atomic = files.write_atomic
 
 
 def sync(name):

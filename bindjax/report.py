@@ -12,14 +12,13 @@ Outputs, in WORKDIR/report/: phase_transition.png/.pdf, critical_coverage.md/.js
 points.json (the aggregated curves).
 """
 import collections
-import json
 import math
 import os
 
 import numpy as np
 from scipy import optimize
 
-from bindjax import parallel
+from bindjax import files
 
 RESULTS_FILE = "results.jsonl"
 REPORT_DIR = "report"
@@ -32,23 +31,6 @@ THRESHOLD = 0.5
 # Replica settings that are not seeds: replicas differing only in seed are averaged; any other
 # difference besides coverage makes a separate curve.
 SERIES_KEYS = ("C", "V", "K", "space_size", "model", "learning_rate", "weight_decay")
-
-
-def read_rows(path):
-  """Rows of a JSONL file; a torn last line (a crash mid-append) is skipped."""
-  rows = []
-  if not os.path.exists(path):
-    return rows
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      line = line.strip()
-      if not line:
-        continue
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
-  return rows
 
 
 def _metric(row, name):
@@ -310,7 +292,7 @@ def make_report(workdir, step="best", num_bootstrap=1000, out_dir=None, formats=
   from bindjax.plots import phase_transition  # matplotlib only when drawing
 
   path = os.path.join(workdir, RESULTS_FILE)
-  rows = read_rows(path)
+  rows = files.read_jsonl(path)
   if not rows:
     raise ValueError(f"workdir={workdir!r}: no result rows in {path}; run `bindjax sweep` first")
   selected = select_evaluations(rows, step)
@@ -331,9 +313,8 @@ def make_report(workdir, step="best", num_bootstrap=1000, out_dir=None, formats=
              "metric": BINDING_METRIC, "critical_coverage": table, "scaling_law": laws,
              "num_replicas": len(selected),
              "num_diverged": sum(bool(r["diverged"]) for r in selected), "figures": figures}
-  parallel.write_atomic(os.path.join(out_dir, "critical_coverage.json"),
-                        json.dumps(summary, indent=2))
-  parallel.write_atomic(os.path.join(out_dir, "critical_coverage.md"),
-                        markdown_table(table, laws, step))
-  parallel.write_atomic(os.path.join(out_dir, "points.json"), json.dumps(series, indent=2))
+  files.write_json(os.path.join(out_dir, "critical_coverage.json"), summary)
+  files.write_atomic(os.path.join(out_dir, "critical_coverage.md"),
+                     markdown_table(table, laws, step))
+  files.write_json(os.path.join(out_dir, "points.json"), series)
   return summary

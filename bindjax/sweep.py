@@ -48,6 +48,7 @@ import numpy as np
 import optax
 
 from bindjax import checkpoint
+from bindjax import files
 from bindjax import parallel
 from bindjax import train
 from bindjax import world
@@ -345,10 +346,10 @@ class _Results:
     """Keeps rows with step <= kept_steps[bucket] (None drops the bucket); drops torn lines."""
     if not self.writer:
       return
-    rows = read_results(self.path)
+    rows = files.read_jsonl(self.path)
     kept = [r for r in rows
             if kept_steps.get(r["bucket"]) is not None and r["step"] <= kept_steps[r["bucket"]]]
-    parallel.write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+    files.write_jsonl(self.path, kept)
     self.diverged = {r["replica"]: r["diverged_step"] for r in kept if r["kind"] == "diverged"}
 
   def open(self):
@@ -388,22 +389,6 @@ class _Results:
     if self.file is not None:
       self.file.close()
       self.file = None
-
-
-def read_results(path):
-  """Rows of results.jsonl; a torn last line (killed mid-write) is skipped."""
-  rows = []
-  if not os.path.exists(path):
-    return rows
-  with open(path) as f:
-    for line in f:
-      if not line.endswith("\n"):
-        break
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        break
-  return rows
 
 
 SUMMARY_METRICS = ("heldout/object_accuracy", "heldout/object_accuracy_1obj",
@@ -453,7 +438,7 @@ def write_summary(workdir, rows, replicas):
   writer.writeheader()
   for row in table:
     writer.writerow({k: "" if v is None else v for k, v in row.items()})
-  parallel.write_atomic(os.path.join(workdir, SUMMARY_FILE), buffer.getvalue())
+  files.write_atomic(os.path.join(workdir, SUMMARY_FILE), buffer.getvalue())
 
 
 # --------------------------------------------------------------------------------------------
@@ -508,9 +493,8 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
                          "--workdir or pass --overwrite")
   if parallel.is_writer():
     os.makedirs(workdir, exist_ok=True)
-    parallel.write_atomic(config_path, json.dumps(config_json, indent=2, sort_keys=True))
-    parallel.write_atomic(os.path.join(workdir, REPLICAS_FILE),
-                          json.dumps([r.coordinates() for r in replicas], indent=2))
+    files.write_json(config_path, config_json, sort_keys=True)
+    files.write_json(os.path.join(workdir, REPLICAS_FILE), [r.coordinates() for r in replicas])
 
   mesh = parallel.make_mesh(int(_sweep_setting(config, "num_data", 1)), devices=devices)
   chunk_setting = int(_sweep_setting(config, "chunk_size", AUTO_CHUNK))
@@ -552,19 +536,19 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
                                      log_every, compile_seconds, fast_compile)
       manager.close()
       if parallel.is_writer():
-        write_summary(workdir, read_results(results.path), replicas)
+        write_summary(workdir, files.read_jsonl(results.path), replicas)
   finally:
     bar.close()
     results.close()
     for manager in managers.values():
       manager.close()
-  rows = read_results(results.path) if parallel.is_writer() else []
+  rows = files.read_jsonl(results.path) if parallel.is_writer() else []
   done = {"num_replicas": len(replicas), "num_buckets": len(buckets),
           "num_diverged": len(results.diverged), "compile_seconds": round(compile_seconds, 2),
           "replica_steps": total, "results": os.path.join(workdir, RESULTS_FILE)}
   if parallel.is_writer():
     write_summary(workdir, rows, replicas)
-    parallel.write_atomic(done_path, json.dumps(done, indent=2))
+    files.write_json(done_path, done)
   parallel.sync("bindjax_sweep_done")
   log(f"sweep finished: {len(replicas)} replicas, {len(results.diverged)} diverged; compile "
       f"{compile_seconds:.1f} s; results in {results.path}")

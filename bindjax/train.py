@@ -29,6 +29,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from bindjax import files
 from bindjax import models
 from bindjax import objectives
 from bindjax import scenes
@@ -413,38 +414,14 @@ def _to_python(metrics):
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
-def read_metrics(path):
-  """Rows of a metrics JSONL file (a torn last line, from a killed writer, is skipped)."""
-  rows = []
-  if not os.path.exists(path):
-    return rows
-  with open(path) as f:
-    for line in f:
-      if not line.endswith("\n"):
-        break
-      rows.append(json.loads(line))
-  return rows
-
-
-def _rewrite_rows(path, rows):
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.writelines(json.dumps(row) + "\n" for row in rows)
-  os.replace(tmp, path)
+# Kept for tests/test_checkpoint.py until it calls bindjax.files directly.
+read_metrics = files.read_jsonl
 
 
 def _append_row(f, row):
   # One write of one whole line, flushed: a kill leaves at most a torn last line.
   f.write(json.dumps(row) + "\n")
   f.flush()
-
-
-def _write_json(path, value):
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(value, f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(tmp, path)
 
 
 def _config_dict(config):
@@ -487,7 +464,7 @@ def run_training(config, workdir, *, progress=True, log=print):
   workdir = os.path.abspath(os.fspath(workdir))
   os.makedirs(workdir, exist_ok=True)
   _check_saved_config(workdir, config_json)
-  _write_json(os.path.join(workdir, CONFIG_FILE), config_json)
+  files.write_json(os.path.join(workdir, CONFIG_FILE), config_json, sort_keys=True)
   split.save(os.path.join(workdir, SPLIT_FILE), spec.space)
 
   log_every = int(config.log_every)
@@ -510,8 +487,8 @@ def run_training(config, workdir, *, progress=True, log=print):
       log(f"resumed from the checkpoint at step {start} in {ckpt.directory}")
     else:
       state = jax.jit(lambda h: init(h.key, spec, h)).lower(hyper).compile(options)(hyper)
-    rows = [row for row in read_metrics(metrics_path) if row["step"] <= start]
-    _rewrite_rows(metrics_path, rows)
+    rows = [row for row in files.read_jsonl(metrics_path) if row["step"] <= start]
+    files.write_jsonl(metrics_path, rows)
     ckpt.prune_after(start)
     # The best value so far is the one of the kept rows (the best checkpoint may be pruned).
     evals = [row[BEST_METRIC] for row in rows if BEST_METRIC in row]

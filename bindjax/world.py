@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bindjax import files
+
 # Operations that materialise every object (splits, permutations, presence tables) refuse spaces
 # above this size; ids themselves must fit in int32 (jax's default integer).
 MAX_ENUMERABLE_OBJECTS = 1 << 24
@@ -373,14 +375,8 @@ class CoverageSplit:
         num_train=np.int64(self.num_train), num_objects=np.int64(self.num_objects),
         num_concepts=np.int64(space.num_concepts),
         values_per_concept=np.asarray(space.values_per_concept, np.int64))
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}.npz")
-    try:
+    with files.atomic_path(path) as tmp:
       np.savez(tmp, **arrays)
-      os.replace(tmp, path)
-    finally:
-      if os.path.exists(tmp):
-        os.remove(tmp)
 
   @classmethod
   def load(cls, path, space=None):

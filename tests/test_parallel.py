@@ -1,5 +1,4 @@
 """Tests of bindjax.parallel on the 8 fake CPU devices from conftest."""
-import os
 
 import jax
 import jax.numpy as jnp
@@ -109,11 +108,3 @@ def test_maybe_initialize_distributed_single_host():
   with pytest.raises(ValueError, match="all three"):
     parallel.maybe_initialize_distributed(coordinator_address="127.0.0.1:1234")
   assert parallel.is_writer()
-
-
-def test_write_atomic(tmp_path):
-  path = tmp_path / "sub" / "f.json"
-  parallel.write_atomic(path, "one")
-  parallel.write_atomic(path, b"two")
-  assert path.read_text() == "two"
-  assert os.listdir(path.parent) == ["f.json"]

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from bindjax import files
 from bindjax import sweep
 from bindjax import train
 
@@ -46,7 +47,7 @@ def get_config(arg=None):
 
 
 def _rows(workdir):
-  return sweep.read_results(os.path.join(workdir, sweep.RESULTS_FILE))
+  return files.read_jsonl(os.path.join(workdir, sweep.RESULTS_FILE))
 
 
 def _numbers(row):

@@ -8,19 +8,13 @@ attribute/shape concepts come from the config (`--config.interventions.banks=obj
 import os
 import sys
 
-from absl import flags
-
-from bindjax.commands import flags as flags_lib
+from bindjax.commands import geometry_flags
 
 
 def main(argv):
   """Runs the command; returns the exit code."""
-  fv = flags_lib.new_flag_values(config_help="geometry config (experiments/geometry.py:ARG; "
-                                 "default: paper settings)")
-  flags.DEFINE_string("embeddings", None, "embedding set: native directory, reference folder "
-                      "or TFDS dataset", flag_values=fv)
-  flags.DEFINE_bool("overwrite", False, "replace existing results in --workdir", flag_values=fv)
-  flags_lib.parse(fv, argv, required=("embeddings", "workdir"))
+  fv = geometry_flags.new_flag_values()
+  geometry_flags.parse(fv, argv)
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import common  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top

@@ -24,6 +24,7 @@ def main(argv):
                     "cases tabulated", flag_values=fv)
   flags.DEFINE_bool("overwrite", False, "replace existing tables in --workdir", flag_values=fv)
   flags_lib.parse(fv, argv, required=("summaries", "workdir"))
+  from bindjax import files  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import common  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import interventions  # pylint: disable=g-import-not-at-top
   workdir = fv["workdir"].value
@@ -37,8 +38,8 @@ def main(argv):
   except ValueError as e:
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1
-  common.atomic_write_text(paths[0], markdown)
-  common.atomic_write_text(paths[1], latex)
+  files.write_atomic(paths[0], markdown)
+  files.write_atomic(paths[1], latex)
   print(markdown, end="")
   print(f"wrote {paths[0]} and {paths[1]}")
   return 0

@@ -9,21 +9,18 @@ import sys
 
 from absl import flags
 
-from bindjax.commands import flags as flags_lib
+from bindjax.commands import geometry_flags
 
 
 def main(argv):
   """Runs the command; returns the exit code."""
-  fv = flags_lib.new_flag_values(config_help="geometry config (experiments/geometry.py:ARG; "
-                                 "default: paper settings)")
-  flags.DEFINE_string("embeddings", None, "embedding set: native directory, reference folder "
-                      "or TFDS dataset", flag_values=fv)
+  fv = geometry_flags.new_flag_values()
   flags.DEFINE_multi_string("quadruple", None, "attribute_a,attribute_b,shape_x,shape_y "
                             "(repeatable; default: config mds.quadruples, ';'-separated)",
                             flag_values=fv)
-  flags.DEFINE_bool("overwrite", False, "replace existing results in --workdir", flag_values=fv)
-  flags_lib.parse(fv, argv, required=("embeddings", "workdir"))
+  geometry_flags.parse(fv, argv)
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
+  from bindjax import files  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import common  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import mds  # pylint: disable=g-import-not-at-top
@@ -50,7 +47,7 @@ def main(argv):
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1
   for stem, result in zip(stems, results):
-    common.atomic_write_json(stem + ".json", result)
+    files.write_json(stem + ".json", common.to_jsonable(result), indent=1)
     mds_plots.plot_quadruple(result, stem + ".png")
     print(f"{stem}.json: stress {result['stress']:.4g} (stress-1 {result['stress_1']:.3f}); "
           "sum→composite cosine distances " +

@@ -5,7 +5,6 @@ native format or a folder of the original code) and writes OUT/probes.npz (Embed
 naming: concept_0.., object) and OUT/probe_metrics.json (train/test concept and object accuracy
 and losses). OUT defaults to DIR.
 """
-import json
 import os
 import sys
 
@@ -24,13 +23,13 @@ def write_probes(probes, metrics, workdir):
   """Writes probes.npz and probe_metrics.json atomically; returns their paths."""
   import io  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from bindjax import parallel  # pylint: disable=g-import-not-at-top
+  from bindjax import files  # pylint: disable=g-import-not-at-top
   buffer = io.BytesIO()
   np.savez(buffer, **probes)
   probes_path = os.path.join(workdir, "probes.npz")
   metrics_path = os.path.join(workdir, "probe_metrics.json")
-  parallel.write_atomic(probes_path, buffer.getvalue())
-  parallel.write_atomic(metrics_path, json.dumps(metrics, indent=1))
+  files.write_atomic(probes_path, buffer.getvalue())
+  files.write_json(metrics_path, metrics, indent=1)
   return probes_path, metrics_path
 
 

@@ -20,6 +20,7 @@ import zipfile
 
 import numpy as np
 
+from bindjax import files
 from bindjax.compat import safe_pickle
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -250,8 +251,7 @@ def save(obj, path, root="archive"):
   buffer = io.BytesIO()
   pickler = _TorchPickler(buffer)
   pickler.dump(obj)
-  tmp = f"{path}.tmp{os.getpid()}"
-  try:
+  with files.atomic_path(path) as tmp:
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:
       _write_aligned(archive, f"{root}/data.pkl", buffer.getvalue())
       _write_aligned(archive, f"{root}/byteorder", b"little")
@@ -259,10 +259,6 @@ def save(obj, path, root="archive"):
         _write_aligned(archive, f"{root}/data/{key}", array.astype(array.dtype.newbyteorder("<"),
                                                                      copy=False).tobytes())
       _write_aligned(archive, f"{root}/version", b"3\n")
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 def _write_aligned(archive, name, data, alignment=64):

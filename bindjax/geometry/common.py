@@ -4,9 +4,7 @@ Object indices are those of `EmbeddingSet.object_ids()` (SPEC §8 first-appearan
 hold one vector per object (obj-avg, single-object) or one per slot and object (pos-avg).
 """
 import dataclasses
-import json
 import os
-import tempfile
 
 import numpy as np
 
@@ -171,21 +169,6 @@ def value_name(embedding_set, concept, value):
   return str(int(value))
 
 
-def atomic_write_text(path, text):
-  """Writes `text` to `path` via a temporary file in the same directory and os.replace."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-  try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 def to_jsonable(value):
   """numpy scalars/arrays -> Python values, NaN -> None (strict JSON)."""
   if isinstance(value, dict):
@@ -202,14 +185,6 @@ def to_jsonable(value):
     value = float(value)
     return None if not np.isfinite(value) else value
   return value
-
-
-def atomic_write_json(path, obj):
-  atomic_write_text(path, json.dumps(to_jsonable(obj), indent=1) + "\n")
-
-
-def atomic_write_jsonl(path, rows):
-  atomic_write_text(path, "".join(json.dumps(to_jsonable(r)) + "\n" for r in rows))
 
 
 def refuse_existing(paths, overwrite):

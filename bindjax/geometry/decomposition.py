@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bindjax import files
 from bindjax.geometry import common
 from bindjax.probes import linear
 
@@ -311,5 +312,5 @@ def write_decomposition(workdir, results, overwrite=False):
   """Writes decomposition.json under workdir (atomically); returns its path."""
   path = os.path.join(workdir, RESULTS_FILE)
   common.refuse_existing([path], overwrite)
-  common.atomic_write_json(path, results)
+  files.write_json(path, common.to_jsonable(results), indent=1)
   return path

@@ -19,6 +19,7 @@ import random
 
 import numpy as np
 
+from bindjax import files
 from bindjax.geometry import common
 from bindjax.probes import linear
 
@@ -266,8 +267,8 @@ def write_interventions(workdir, summary, rows, overwrite=False):
   """Writes summary.json and cases.jsonl under workdir (atomically)."""
   paths = [os.path.join(workdir, SUMMARY_FILE), os.path.join(workdir, CASES_FILE)]
   common.refuse_existing(paths, overwrite)
-  common.atomic_write_jsonl(paths[1], rows)
-  common.atomic_write_json(paths[0], summary)
+  files.write_jsonl(paths[1], common.to_jsonable(rows))
+  files.write_json(paths[0], common.to_jsonable(summary), indent=1)
   return paths
 
 

@@ -1,6 +1,5 @@
 """Complexity figure: test-only object and concept accuracy vs train fraction, a line per model."""
 import collections
-import io
 import os
 
 import matplotlib
@@ -9,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from bindjax import parallel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bindjax import files  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def curves(rows, key):
@@ -42,8 +41,8 @@ def figure(rows):
 def save_figure(rows, path):
   """Writes the figure to path (PNG) atomically."""
   fig = figure(rows)
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format=os.path.splitext(path)[1][1:] or "png", dpi=120)
-  plt.close(fig)
-  parallel.write_atomic(path, buffer.getvalue())
+  try:
+    files.save_figure(fig, path, format=os.path.splitext(path)[1][1:] or "png", dpi=120)
+  finally:
+    plt.close(fig)
   return path

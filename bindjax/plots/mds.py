@@ -1,12 +1,12 @@
 """3-D MDS figures of quadruples (bindjax.geometry.mds results): one, or a grid of several."""
 import math
-import os
-import tempfile
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from bindjax import files  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _STYLE = {  # kind -> (marker, colour)
     "attribute": ("s", "tab:red"),
@@ -36,17 +36,10 @@ def draw_quadruple(ax, result, annotate=True):
 
 
 def _save(fig, path):
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=directory)
-  os.close(fd)
   try:
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    files.save_figure(fig, path, dpi=120, bbox_inches="tight")
   finally:
     plt.close(fig)
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 def plot_quadruple(result, path):

@@ -1,10 +1,11 @@
 """Phase-transition figure: held-out accuracy vs coverage, one line per object-space size."""
-import os
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
+
+from bindjax import files  # noqa: E402
 
 PANELS = (
     ("heldout/object_accuracy_{K}obj", "held-out objects, max-object scenes"),
@@ -53,12 +54,9 @@ def plot(series, critical, path_stem, step="best", formats=("png", "pdf")):
   axes[0].set_ylabel(f"accuracy ({step} step)")
   axes[0].legend(fontsize=7, loc="upper left")
   paths = []
-  os.makedirs(os.path.dirname(path_stem) or ".", exist_ok=True)
   for fmt in formats:
     path = f"{path_stem}.{fmt}"
-    tmp = os.path.join(os.path.dirname(path), f".tmp_{os.path.basename(path)}")
-    fig.savefig(tmp, format=fmt, dpi=150)
-    os.replace(tmp, path)
+    files.save_figure(fig, path, format=fmt, dpi=150)
     paths.append(path)
   plt.close(fig)
   return paths

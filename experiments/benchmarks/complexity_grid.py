@@ -166,10 +166,10 @@ def main():
                           sys.argv[1:]),
   }
   os.makedirs(RESULTS, exist_ok=True)
-  from bindjax import parallel  # pylint: disable=g-import-not-at-top
-  parallel.write_atomic(os.path.join(RESULTS, "complexity_grid.json"),
-                        json.dumps(result, indent=1, default=float))
-  parallel.write_atomic(os.path.join(RESULTS, "complexity_grid.md"), table(result))
+  from bindjax import files  # pylint: disable=g-import-not-at-top
+  files.write_atomic(os.path.join(RESULTS, "complexity_grid.json"),
+                     json.dumps(result, indent=1, default=float))
+  files.write_atomic(os.path.join(RESULTS, "complexity_grid.md"), table(result))
   print(table(result))
 
 

@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, "experiments"))
 
 import coverage_sweep  # noqa: E402
-from bindjax import models, parallel, sweep  # noqa: E402
+from bindjax import files, models, parallel, sweep  # noqa: E402
 
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
 
@@ -185,10 +185,10 @@ def main(argv=None):
   name = "sweep_throughput" if args.mode == "compare" else f"device_sweep_{args.model}"
   stem = args.out or os.path.join(RESULTS, name)
   os.makedirs(os.path.dirname(stem), exist_ok=True)
-  parallel.write_atomic(stem + ".json", json.dumps(result, indent=2))
+  files.write_atomic(stem + ".json", json.dumps(result, indent=2))
   text = "\n".join([f"# {name}", "", f"`{result['command']}`", "", *table, "",
                     f"load average during the run: {result['machine']['load_average']}", ""])
-  parallel.write_atomic(stem + ".md", text)
+  files.write_atomic(stem + ".md", text)
   print(text)
   return 0
 

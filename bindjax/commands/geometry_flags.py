@@ -1,0 +1,22 @@
+"""Flags shared by the geometry commands (decompose, interventions, mds)."""
+from absl import flags
+
+from bindjax.commands import flags as flags_lib
+
+
+def new_flag_values():
+  """FlagValues with --config (geometry config), --workdir, --embeddings and --overwrite.
+
+  Commands add their own flags before calling `parse`.
+  """
+  fv = flags_lib.new_flag_values(config_help="geometry config (experiments/geometry.py:ARG; "
+                                 "default: paper settings)")
+  flags.DEFINE_string("embeddings", None, "embedding set: native directory, reference folder "
+                      "or TFDS dataset", flag_values=fv)
+  flags.DEFINE_bool("overwrite", False, "replace existing results in --workdir", flag_values=fv)
+  return fv
+
+
+def parse(fv, argv):
+  """Parses argv into fv; --embeddings and --workdir are required."""
+  flags_lib.parse(fv, argv, required=("embeddings", "workdir"))

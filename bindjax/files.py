@@ -1,0 +1,76 @@
+"""Result files: atomic writes (temp name in the same directory, then os.replace) and JSONL reads.
+
+Every module that writes a result goes through here, so a killed process never leaves a
+half-written file under the final name.
+"""
+import contextlib
+import json
+import os
+import secrets
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+  """Yields a temporary path next to `path`; renamed onto `path` on success, removed on failure.
+
+  The temporary name keeps `path`'s extension, so writers that pick a format from it (np.savez,
+  Figure.savefig) behave as they would with `path`. Parent directories are created.
+  """
+  path = os.fspath(path)
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  name = os.path.basename(path)
+  tmp = os.path.join(directory, f".{name}.tmp{os.getpid()}-{secrets.token_hex(4)}"
+                     f"{os.path.splitext(name)[1]}")
+  try:
+    yield tmp
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def write_atomic(path, data):
+  """Writes text or bytes to `path` atomically (fsynced before the rename)."""
+  mode = "wb" if isinstance(data, (bytes, bytearray, memoryview)) else "w"
+  with atomic_path(path) as tmp:
+    with open(tmp, mode) as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+
+
+def write_json(path, value, *, indent=2, sort_keys=False):
+  """Writes `value` as one JSON document with a trailing newline, atomically."""
+  write_atomic(path, json.dumps(value, indent=indent, sort_keys=sort_keys) + "\n")
+
+
+def write_jsonl(path, rows):
+  """Writes `rows` as JSON lines, atomically."""
+  write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+
+
+def read_jsonl(path):
+  """Rows of a JSONL file; [] when it is missing.
+
+  A torn last line (a writer killed mid-append) is skipped: reading stops at the first line
+  without a newline or that does not parse.
+  """
+  rows = []
+  if not os.path.exists(path):
+    return rows
+  with open(path) as f:
+    for line in f:
+      if not line.endswith("\n"):
+        break
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        break
+  return rows
+
+
+def save_figure(fig, path, **savefig_kwargs):
+  """Saves a matplotlib figure to `path` atomically; the caller still owns (and closes) `fig`."""
+  with atomic_path(path) as tmp:
+    fig.savefig(tmp, **savefig_kwargs)

@@ -1,0 +1,47 @@
+"""Tests of bindjax.files: atomic writes leave only the final file; JSONL reads skip a torn line."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bindjax import files
+
+
+def test_write_atomic_text_then_bytes(tmp_path):
+  path = tmp_path / "sub" / "f.json"
+  files.write_atomic(path, "one")
+  files.write_atomic(path, b"two")
+  assert path.read_text() == "two"
+  assert os.listdir(path.parent) == ["f.json"]
+
+
+def test_atomic_path_keeps_extension_and_cleans_up_on_failure(tmp_path):
+  path = tmp_path / "a.npz"
+  with files.atomic_path(path) as tmp:
+    assert tmp.endswith(".npz") and os.path.dirname(tmp) == str(tmp_path)
+    np.savez(tmp, x=np.arange(3))
+  np.testing.assert_array_equal(np.load(path)["x"], np.arange(3))
+  with pytest.raises(RuntimeError):
+    with files.atomic_path(path) as tmp:
+      np.savez(tmp, x=np.arange(5))
+      raise RuntimeError("writer failed")
+  assert os.listdir(tmp_path) == ["a.npz"]
+  np.testing.assert_array_equal(np.load(path)["x"], np.arange(3))
+
+
+def test_write_json_and_jsonl_round_trip(tmp_path):
+  files.write_json(tmp_path / "v.json", {"b": 1, "a": [2]}, sort_keys=True)
+  assert json.loads((tmp_path / "v.json").read_text()) == {"a": [2], "b": 1}
+  rows = [{"step": 1}, {"step": 2}]
+  files.write_jsonl(tmp_path / "r.jsonl", rows)
+  assert files.read_jsonl(tmp_path / "r.jsonl") == rows
+
+
+def test_read_jsonl_skips_torn_last_line(tmp_path):
+  path = tmp_path / "r.jsonl"
+  path.write_text('{"step": 1}\n{"step": 2}\n{"ste')
+  assert files.read_jsonl(path) == [{"step": 1}, {"step": 2}]
+  path.write_text('{"step": 1}\n{"ste\n')
+  assert files.read_jsonl(path) == [{"step": 1}]
+  assert files.read_jsonl(tmp_path / "missing.jsonl") == []
