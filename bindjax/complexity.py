@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bindjax import files
 from bindjax import objectives
 from bindjax import parallel
 from bindjax.probes import binding
@@ -507,10 +508,10 @@ def run(config, workdir, embedding_set=None, log=print):
       "grid_s": grid_s, "buckets": infos, "masks": list(MASKS), "rows": rows,
   }
   os.makedirs(workdir, exist_ok=True)
-  parallel.write_atomic(os.path.join(workdir, "results.csv"), rows_to_csv(rows))
+  files.write_atomic(os.path.join(workdir, "results.csv"), rows_to_csv(rows))
   from bindjax.plots import complexity as plot  # pylint: disable=g-import-not-at-top
   plot.save_figure(rows, os.path.join(workdir, "complexity.png"))
-  parallel.write_atomic(results_path, json.dumps(summary, indent=1, default=_json_default))
+  files.write_atomic(results_path, json.dumps(summary, indent=1, default=_json_default))
   return rows
 
 

@@ -19,7 +19,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from bindjax import files
 
 REPLICA_AXIS = "replica"
 DATA_AXIS = "data"
@@ -293,9 +292,6 @@ def is_writer():
   """True on the process that writes results (process 0)."""
   return jax.process_index() == 0
 
-
-# Kept for bindjax/complexity.py until it calls bindjax.files directly.
-write_atomic = files.write_atomic
 
 
 def sync(name):

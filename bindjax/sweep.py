@@ -418,7 +418,7 @@ def summary_rows(rows, replicas):
       summary[f"final {name}"] = final.get(name)
     summary["best_step"] = best["step"]
     summary["best heldout/object_accuracy"] = best.get("heldout/object_accuracy")
-    summary[f"best heldout/object_accuracy_maxobj"] = best.get(f"heldout/object_accuracy_{k}obj")
+    summary["best heldout/object_accuracy_maxobj"] = best.get(f"heldout/object_accuracy_{k}obj")
     diverged = [r for r in mine if r["kind"] == "diverged"]
     summary["diverged_step"] = diverged[0]["diverged_step"] if diverged else ""
     out.append(summary)

@@ -414,10 +414,6 @@ def _to_python(metrics):
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
-# Kept for tests/test_checkpoint.py until it calls bindjax.files directly.
-read_metrics = files.read_jsonl
-
-
 def _append_row(f, row):
   # One write of one whole line, flushed: a kill leaves at most a torn last line.
   f.write(json.dumps(row) + "\n")

@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from bindjax import checkpoint
+from bindjax import files
 from bindjax import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,7 +90,7 @@ def _env(cache_dir):
 
 
 def _rows(workdir):
-  return train.read_metrics(os.path.join(workdir, train.METRICS_FILE))
+  return files.read_jsonl(os.path.join(workdir, train.METRICS_FILE))
 
 
 def _finalized_steps(workdir):

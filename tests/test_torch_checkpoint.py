@@ -6,7 +6,6 @@ import functools
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import special

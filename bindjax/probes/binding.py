@@ -51,7 +51,7 @@ class Approximator:
     if self.family != "mlp" and self.widths:
       raise ValueError(f"widths={self.widths}: only the mlp family has hidden widths")
     if self.learned_w and self.family not in ("product", "sum_product"):
-      raise ValueError(f"learned_w=True: only product and sum_product have W")
+      raise ValueError("learned_w=True: only product and sum_product have W")
 
   @property
   def name(self):

@@ -188,7 +188,7 @@ def main(argv=None):
       f"{result['jax']}, donate={not args.no_donate}, XLA_FLAGS='{result['xla_flags']}')", "",
       f"Load average start/end: {load_start[0]:.1f} / {result['load_average_end'][0]:.1f} "
       "(shared machine: numbers are noisy).",
-      f"Measured float32 matmul: " + ", ".join(
+      "Measured float32 matmul: " + ", ".join(
           f"{k}: {v['median'] / 1e9:.0f} GFLOP/s ({v['min'] / 1e9:.0f}-{v['max'] / 1e9:.0f})"
           for k, v in matmuls.items()), "",
       "| config | params | batch | compile s | steps/s median (min-max) | s/step | CPU s/step | "
