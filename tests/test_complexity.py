@@ -36,6 +36,13 @@ PLANTED_DRAW = 5
 PLANTED_CONFIG = complexity.FitConfig(steps=1500, eval_every=500)
 
 
+def planted_models():
+  """(family, approximator) for every family, at the small slot width the planted tests use."""
+  for family, widths in [("additive", ()), ("product", ()), ("sum_product", ()),
+                         ("per_object_product", ()), ("mlp", (32,))]:
+    yield family, binding.make(family, V10, 2, out_dim=16, widths=widths, embed_dim=2)
+
+
 def planted_scenes(values, num_scenes, seed=0):
   """A random subset of all ordered 2-object scenes (all objects, fewer rows to fit)."""
   objects, ids = complexity.all_scenes(values, 2)
@@ -91,9 +98,7 @@ def test_identifiability_of_planted_families():
   config = PLANTED_CONFIG
   test = complexity.MASKS.index("test_only")
   report = {}
-  for family, widths in [("additive", ()), ("product", ()), ("sum_product", ()),
-                         ("per_object_product", ()), ("mlp", (32,))]:
-    model = binding.make(family, V10, 2, out_dim=16, widths=widths, embed_dim=2)
+  for family, model in planted_models():
     planted = model.apply(model.init(jax.random.PRNGKey(PLANTED_DRAW)), objects)
     data = make_data(V10, objects, ids, np.asarray(planted))
     history, info = complexity.fit_models(model, data, probes,
@@ -158,9 +163,7 @@ def test_lookup_table_control_does_not_generalise():
   config = PLANTED_CONFIG
   test = complexity.MASKS.index("test_only")
   report = {}
-  for family, widths in [("additive", ()), ("product", ()), ("sum_product", ()),
-                         ("per_object_product", ()), ("mlp", (32,))]:
-    model = binding.make(family, V10, 2, out_dim=16, widths=widths, embed_dim=2)
+  for family, model in planted_models():
     history, _ = complexity.fit_models(model, data, probes,
                                        restarts(100, count=PLANTED_RESTARTS), config)
     report[model.name] = float(history["r2"][:, :, test].max())
