@@ -28,6 +28,36 @@ DATA_AXIS = "data"
 DEFAULT_MEMORY_FRACTION = 0.7
 
 
+def use_cpu_cores_as_devices(count=-1, environ=None):
+  """Exposes `count` CPU devices (-1: one per available core), each running ops on one thread.
+
+  A sweep then places its replicas side by side on separate cores, where JAX's default (one CPU
+  device whose every op is split over all cores) spends most of a small model's step handing
+  tiny ops between threads (experiments/benchmarks/sweep_throughput.py). Only the CPU platform
+  changes, so it is harmless on accelerator hosts. It must run before JAX starts its backends
+  and does nothing when count == 0 or XLA_FLAGS already sets the host device count. Returns the
+  device count it set, or 0 when it left JAX's default.
+  """
+  environ = os.environ if environ is None else environ
+  if count == 0 or "xla_force_host_platform_device_count" in environ.get("XLA_FLAGS", ""):
+    return 0
+  if count < -1:
+    raise ValueError(f"cpu_devices={count}: expected -1 (one per core), 0 (JAX's default) or a "
+                     "positive device count")
+  if count == -1:
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  try:
+    jax.config.update("jax_num_cpu_devices", int(count))
+  except RuntimeError as e:
+    raise RuntimeError("use_cpu_cores_as_devices must run before the first JAX computation "
+                       f"(backends already started): {e}") from None
+  if "xla_cpu_multi_thread_eigen" not in environ.get("XLA_FLAGS", ""):
+    # Read by XLA when the CPU backend starts, which is after this point.
+    environ["XLA_FLAGS"] = (environ.get("XLA_FLAGS", "") +
+                            " --xla_cpu_multi_thread_eigen=false").strip()
+  return int(count)
+
+
 def make_mesh(num_data=1, devices=None):
   """Mesh over all (or the given) devices with axes ("replica", "data"), both AxisType.Auto.
 
@@ -51,6 +81,16 @@ def num_replica_shards(mesh):
 def replica_sharding(mesh):
   """NamedSharding splitting an array's leading axis along "replica" (replicated over "data")."""
   return NamedSharding(mesh, PartitionSpec(REPLICA_AXIS))
+
+
+def data_sharding(mesh):
+  """NamedSharding splitting a (per-replica) batch axis along "data"; None when "data" is 1.
+
+  Meant for sharding constraints inside functions vmapped with spmd_axis_name="replica".
+  """
+  if mesh.shape[DATA_AXIS] == 1:
+    return None
+  return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
 
 
 def replicated_sharding(mesh):

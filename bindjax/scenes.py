@@ -101,6 +101,11 @@ class SceneBatch:
   object_labels_BxQo: jax.Array
   object_active_B: jax.Array
 
+  def map_per_scene(self, fn):
+    """A copy with fn applied to every per-scene array (those with a leading B axis)."""
+    return self.replace(**{f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
+                           if f.name.rsplit("_", 1)[-1].startswith("B")})
+
 
 # Randomness: one counter-mode threefry call per batch, split into named pieces.
 def _word_layout(space, sampler):

@@ -9,8 +9,8 @@
   grid.weight_decays   () = config.optimizer.weight_decay
   grid.models          () = config.model; else dicts of config.model overrides, each with an
                        optional "name"
-(Tuples, because ml_collections overrides tuples but not lists on the command line:
---config.grid.seeds='(0,1,2)'.)
+(Tuples, because ml_collections overrides tuples but not lists on the command line, where a
+comma list or a single value is enough: --config.grid.seeds=0,1,2.)
 
 The grid expands to replicas (product, in that order). Replicas whose static settings
 (`train.RunSpec`: space, model, batch) agree form a *bucket*; each bucket runs as ONE
@@ -195,11 +195,11 @@ def expand_grid(config):
 # Compiled bucket programs
 
 
-def _replica_step(spec):
+def _replica_step(spec, scene_sharding=None):
   """One replica's masked train step: a non-finite update leaves the state as it was."""
 
   def step(state, hyper, alive, diverged_step):
-    new_state, metrics = train.train_step(state, hyper, spec)
+    new_state, metrics = train.train_step(state, hyper, spec, scene_sharding)
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(optax.tree.norm(new_state.params))
     ok = alive & finite
     new_state = jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new_state, state)
@@ -215,7 +215,9 @@ def _bucket_functions(spec, mesh, chunk_size):
   """(init, step, eval) of a whole bucket: vmapped (chunked) over replicas, jitted on the mesh."""
   shards = parallel.num_replica_shards(mesh)
   sharding = parallel.replica_sharding(mesh)
-  vstep = parallel.chunked_vmap(_replica_step(spec), chunk_size, num_shards=shards)
+  # With a "data" axis, each replica's scenes are split over its data devices.
+  vstep = parallel.chunked_vmap(_replica_step(spec, parallel.data_sharding(mesh)), chunk_size,
+                                num_shards=shards, spmd_axis_name=parallel.REPLICA_AXIS)
 
   def bucket_init(hyper):
     state = jax.vmap(lambda h: train.init(h.key, spec, h))(hyper)
@@ -449,7 +451,8 @@ def _config_json(config):
   return json.loads(config.to_json_best_effort(sort_keys=True))
 
 
-def _sweep_setting(config, name, default):
+def sweep_setting(config, name, default):
+  """config.sweep.<name>, or `default` for configs without it."""
   sweep = config.get("sweep") or {}
   return sweep.get(name, default) if hasattr(sweep, "get") else default
 
@@ -496,11 +499,11 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
     files.write_json(config_path, config_json, sort_keys=True)
     files.write_json(os.path.join(workdir, REPLICAS_FILE), [r.coordinates() for r in replicas])
 
-  mesh = parallel.make_mesh(int(_sweep_setting(config, "num_data", 1)), devices=devices)
-  chunk_setting = int(_sweep_setting(config, "chunk_size", AUTO_CHUNK))
-  memory_fraction = float(_sweep_setting(config, "memory_fraction",
+  mesh = parallel.make_mesh(int(sweep_setting(config, "num_data", 1)), devices=devices)
+  chunk_setting = int(sweep_setting(config, "chunk_size", AUTO_CHUNK))
+  memory_fraction = float(sweep_setting(config, "memory_fraction",
                                          parallel.DEFAULT_MEMORY_FRACTION))
-  fast_compile = bool(_sweep_setting(config, "fast_compile", False))
+  fast_compile = bool(sweep_setting(config, "fast_compile", False))
   keep = int(config.checkpoint.keep)
   checkpoint_every = int(config.checkpoint.every)
   log_every = int(config.log_every)

@@ -309,13 +309,18 @@ def forward(params, batch, config, cap):
   return out
 
 
-def train_step(state, hyper, spec):
+def train_step(state, hyper, spec, scene_sharding=None):
   """One AdamW step on a fresh training batch drawn from fold_in(state.key, state.step).
 
+  scene_sharding: optional sharding of the per-scene axis B (e.g. split over a "data" mesh
+  axis, under vmap with spmd_axis_name for the replica axis); the batch is the same either way.
   Returns (new_state, metrics) with scalar metrics of this batch (before the update).
   """
   batch = _sample(jax.random.fold_in(state.key, state.step), hyper.permutation_O,
                   hyper.num_train, spec, spec.sampler, "train")
+  if scene_sharding is not None:
+    batch = batch.map_per_scene(
+        lambda x: jax.lax.with_sharding_constraint(x, scene_sharding))
 
   def loss_fn(params):
     out = forward(params, batch, spec.model, spec.model.train_logit_cap)

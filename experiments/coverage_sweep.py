@@ -18,12 +18,14 @@ Presets (the ARG after the colon):
              batch 512, 50k steps, lr 3e-5). For accelerators / TPU pods (launch/).
   paper_20m  as paper with the ~20M-parameter towers of the paper's sweeps (d_model 512, d_out 512).
 
-Any field can be overridden; grid lists are tuples on the command line, e.g.
---config.grid.seeds='(0,1)' --config.grid.spaces='((2,20),)' --config.sweep.chunk_size=8
---config.num_steps=2000. Sweep settings: sweep.chunk_size (-1 automatic from device memory, 0 all
-replicas at once, n replicas at a time), sweep.num_data (devices per replica group; the rest of
+Any field can be overridden; grid lists take comma lists or single values, e.g.
+--config.grid.seeds=0,1,2 --config.grid.coverages=0.5 --config.grid.spaces='(2,20),(3,10)'
+--config.sweep.chunk_size=8 --config.num_steps=2000. Sweep settings: sweep.chunk_size (-1
+automatic from device memory, 0 all replicas at once, n replicas at a time), sweep.num_data (devices per replica group; the rest of
 the devices form the "replica" mesh axis), sweep.memory_fraction, sweep.fast_compile (cheaper
-XLA compiles of slower code: for tiny models).
+XLA compiles of slower code: for tiny models), sweep.cpu_devices (CPU hosts: -1 one device per
+core, each single-threaded, so replicas run side by side; 0 JAX's default single CPU device;
+ignored when XLA_FLAGS sets the host device count).
 """
 import ml_collections
 
@@ -36,7 +38,7 @@ def get_config(arg="smoke"):
   """Sweep config for preset `arg` (smoke | cpu | paper | paper_20m)."""
   c = train.default_config()
   c.sweep = ml_collections.ConfigDict(dict(chunk_size=-1, num_data=1, memory_fraction=0.7,
-                                           fast_compile=False))
+                                           fast_compile=False, cpu_devices=-1))
   c.grid = ml_collections.ConfigDict(dict(
       spaces=((2, 20),), coverages=COVERAGES_0_1_TO_0_9, seeds=(0, 1, 2),
       learning_rates=(), weight_decays=(), models=()))

@@ -18,7 +18,7 @@ def dated_workdir(root, config, now=None):
 
 
 def sweep_command(bindjax, config, workdir, extra=()):
-  """argv of `bindjax sweep` (extra: more flags, e.g. --config.grid.seeds=(0,))."""
+  """argv of `bindjax sweep` (extra: more flags, e.g. --config.grid.seeds=0)."""
   return [bindjax, "sweep", f"--config={config}", f"--workdir={workdir}", *extra]
 
 

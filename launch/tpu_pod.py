@@ -2,7 +2,7 @@
 
   python launch/tpu_pod.py --name=bindjax-v4-32 --zone=us-central2-b --accelerator_type=v4-32 \
       --config=experiments/coverage_sweep.py:paper --workdir_root=/mnt/gcs/bindjax [--dry-run] \
-      [-- --config.grid.seeds=(0,)]
+      [-- --config.grid.seeds=0]
 
 Steps: create the TPU VM unless one of that name exists (reuse), pack this checkout (no .venv,
 no .git), copy it to every worker, install bindjax with jax[tpu] in a venv on every worker

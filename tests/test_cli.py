@@ -34,6 +34,17 @@ def test_config_overrides_come_from_the_given_argv(monkeypatch):
   assert sys.argv == ["python", "--config.num_steps=999"]
 
 
+def test_grid_lists_take_plain_comma_lists_and_single_values():
+  fv = flags.new_flag_values()
+  flags.parse(fv, ["bindjax sweep", "--config=experiments/coverage_sweep.py:smoke",
+                   "--config.grid.seeds=0,1,2", "--config.grid.coverages=0.5",
+                   "--config.grid.spaces=(2,20),(3,10)", "--workdir=/tmp/unused"])
+  grid = fv["config"].value.grid
+  assert grid.seeds == (0, 1, 2)
+  assert grid.coverages == (0.5,)
+  assert grid.spaces == ((2, 20), (3, 10))
+
+
 def test_missing_required_flag_and_stray_arguments_exit_2(capsys):
   with pytest.raises(SystemExit) as e:
     flags.parse(flags.new_flag_values(with_config=False), ["bindjax report"],

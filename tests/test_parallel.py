@@ -1,5 +1,9 @@
 """Tests of bindjax.parallel on the 8 fake CPU devices from conftest."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,3 +112,22 @@ def test_maybe_initialize_distributed_single_host():
   with pytest.raises(ValueError, match="all three"):
     parallel.maybe_initialize_distributed(coordinator_address="127.0.0.1:1234")
   assert parallel.is_writer()
+
+
+def test_use_cpu_cores_as_devices_before_and_after_backend_start():
+  # Left alone: count 0, or XLA_FLAGS already fixing the host device count (as conftest does).
+  assert parallel.use_cpu_cores_as_devices(0, environ={}) == 0
+  flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  assert parallel.use_cpu_cores_as_devices(-1, environ=flags) == 0
+  assert flags == {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  with pytest.raises(ValueError, match="cpu_devices=-2"):
+    parallel.use_cpu_cores_as_devices(-2, environ={})
+  jax.devices()  # this process's backends are running: too late to change the device count
+  with pytest.raises(RuntimeError, match="before the first JAX computation"):
+    parallel.use_cpu_cores_as_devices(3, environ={})
+  code = ("import os; from bindjax import parallel; n = parallel.use_cpu_cores_as_devices(3); "
+          "import jax; print(n, jax.device_count(), os.environ['XLA_FLAGS'])")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                       text=True).stdout.split()
+  assert out == ["3", "3", "--xla_cpu_multi_thread_eigen=false"]

@@ -24,9 +24,12 @@ def main(argv):
   flags.DEFINE_integer("process_id", None, "multi-host: this process's index", flag_values=fv)
   bj_flags.parse(fv, argv, required=("config", "workdir"))
   # Before anything touches the devices.
+  from bindjax import sweep
+  parallel.use_cpu_cores_as_devices(
+      int(sweep.sweep_setting(fv["config"].value, "cpu_devices", -1)))
   parallel.maybe_initialize_distributed(fv["coordinator_address"].value,
                                         fv["num_processes"].value, fv["process_id"].value)
-  from bindjax import report, sweep
+  from bindjax import report
   try:
     sweep.run_sweep(fv["config"].value, fv["workdir"].value,
                     overwrite=fv["overwrite"].value or fv["force"].value,

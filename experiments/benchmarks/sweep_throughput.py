@@ -4,10 +4,12 @@
   .venv/bin/python experiments/benchmarks/sweep_throughput.py --mode=device --model=paper \
       --replicas=1,8,64 --peak_tflops=989        # accelerator: replica-steps/s and MFU
 
-compare: R replicas of a small config trained by ONE compiled bucket step (bindjax.sweep) vs R
-single-replica runs one after another with the same code (a 1-replica bucket, compiled once),
-timing train steps only (compile excluded, reported apart). Medians over --repeats, with the
-spread. device: for each R, replica-steps/s and model FLOP utilisation (FLOPs of the matmuls
+compare: R replicas of a small config trained by ONE compiled bucket step (bindjax.sweep), over
+one CPU device per core as `bindjax sweep` sets up (config.sweep.cpu_devices), vs R
+single-replica runs one after another with the same code (a 1-replica bucket, compiled once) on
+one device, both single-threaded per device and (in a subprocess) with JAX's default CPU set-up;
+the speedup is against the faster of the two. Train steps only (compile excluded, reported
+apart). Medians over --repeats, with the spread. device: for each R, replica-steps/s and model FLOP utilisation (FLOPs of the matmuls
 from bindjax.models.tower_flops, x3 for forward + backward) against --peak_tflops.
 
 Writes a Markdown table and JSON to experiments/benchmarks/results/.
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -77,38 +80,73 @@ def bucket_runner(config, devices=None, chunk=sweep.AUTO_CHUNK):
   return compile_seconds, run, bucket
 
 
+def sequential_runners(args, bucket):
+  """One 1-replica runner per replica of `bucket`, all on the first device."""
+  runners = []
+  for replica in bucket.replicas:
+    one = config_for(args.model, 1)
+    one.grid.coverages = (replica.coverage,)
+    one.grid.seeds = (replica.seed,)
+    runners.append(bucket_runner(one, devices=jax.devices()[:1]))
+  return runners
+
+
+def sequential_rates(runners, steps):
+  """Replica-steps/s of the runs trained one after another."""
+  return len(runners) * steps / sum(run(steps) for _, run, _ in runners)
+
+
+def sequential_with_jax_defaults(args):
+  """Sequential rates measured in a subprocess with JAX's default CPU set-up (--cpu_devices=0)."""
+  command = [sys.executable, os.path.abspath(__file__), "--part=sequential", "--cpu_devices=0",
+             f"--model={args.model}", f"--replicas={args.replicas[0]}",
+             f"--steps={args.steps}", f"--repeats={args.repeats}"]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+  return json.loads(out.strip().splitlines()[-1])
+
+
 def compare(args):
   replicas = args.replicas[0]
   config = config_for(args.model, replicas)
   compile_all, run_all, bucket = bucket_runner(config)
-  singles = []
-  for index in range(replicas):
-    one = config_for(args.model, 1)
-    one.grid.coverages = (bucket.replicas[index].coverage,)
-    one.grid.seeds = (bucket.replicas[index].seed,)
-    singles.append(bucket_runner(one))
-  compile_one = singles[0][0]
-  sweep_rates, sequential_rates = [], []
+  singles = sequential_runners(args, bucket)
+  if args.part == "sequential":
+    rates = [sequential_rates(singles, args.steps) for _ in range(args.repeats)]
+    print(json.dumps({"rates": rates, "compile_s": singles[0][0]}))
+    return None, None
+  sweep, sequential = [], []
   for _ in range(args.repeats):
-    sweep_rates.append(replicas * args.steps / run_all(args.steps))
-    seconds = sum(run(args.steps) for _, run, _ in singles)
-    sequential_rates.append(replicas * args.steps / seconds)
-  sweep_rates, sequential_rates = np.array(sweep_rates), np.array(sequential_rates)
-  speedups = sweep_rates / sequential_rates
+    sweep.append(replicas * args.steps / run_all(args.steps))
+    sequential.append(sequential_rates(singles, args.steps))
+  sweep, sequential = np.array(sweep), np.array(sequential)
+  baselines = {f"one device of {jax.device_count()}, single-threaded ops": sequential}
+  if args.cpu_devices != 0:
+    default = sequential_with_jax_defaults(args)
+    baselines["JAX default CPU set-up (one device, multi-threaded ops)"] = np.array(
+        default["rates"])
+  best_name = max(baselines, key=lambda name: np.median(baselines[name]))
+  best = baselines[best_name]
+  speedups = sweep / best
   result = {
       "mode": "compare", "model": args.model, "replicas": replicas, "steps": args.steps,
-      "repeats": args.repeats, "spec": _describe(bucket.spec),
-      "sweep_replica_steps_per_s": _stats(sweep_rates),
-      "sequential_replica_steps_per_s": _stats(sequential_rates),
+      "repeats": args.repeats, "spec": _describe(bucket.spec), "cpu_devices": jax.device_count(),
+      "sweep_replica_steps_per_s": _stats(sweep),
+      "sequential_replica_steps_per_s": {name: _stats(r) for name, r in baselines.items()},
+      "fastest_sequential": best_name,
       "speedup": _stats(speedups),
-      "compile_s": {"sweep_bucket": round(compile_all, 2), "single_replica": round(compile_one, 2)},
-      "note": "train steps only; sequential = one 1-replica bucket per run, compiled once "
-              "(the other 15 hit the in-process program cache)",
+      "compile_s": {"sweep_bucket": round(compile_all, 2),
+                    "single_replica": round(singles[0][0], 2)},
+      "note": "train steps only; the sweep runs one bucket over all CPU devices (as `bindjax "
+              "sweep` does); sequential = one 1-replica bucket per run, compiled once, trained "
+              "one after another, in both CPU set-ups; speedup is against the faster one",
   }
-  table = ["| R | model | sweep replica-steps/s | sequential replica-steps/s | speedup |",
-           "|---:|---|---:|---:|---:|",
-           f"| {replicas} | {args.model} | {_fmt(result['sweep_replica_steps_per_s'])} | "
-           f"{_fmt(result['sequential_replica_steps_per_s'])} | {_fmt(result['speedup'], 2)} |"]
+  table = ["| R | model | set-up | replica-steps/s | speedup |", "|---:|---|---|---:|---:|",
+           f"| {replicas} | {args.model} | sweep over {jax.device_count()} CPU devices | "
+           f"{_fmt(result['sweep_replica_steps_per_s'])} | {_fmt(result['speedup'], 2)} |"]
+  for name, rates in baselines.items():
+    table.append(f"| {replicas} | {args.model} | sequential, {name} | {_fmt(_stats(rates))} | "
+                 f"{np.median(sweep) / np.median(rates):.2f} |")
   return result, table
 
 
@@ -174,10 +212,18 @@ def main(argv=None):
                       help="device peak for MFU (H200/H100 dense bf16: 989)")
   parser.add_argument("--dtype", default=None, help="model.compute_dtype (e.g. bfloat16)")
   parser.add_argument("--out", default=None, help="output stem (default results/<name>)")
+  parser.add_argument("--cpu_devices", type=int, default=-1,
+                      help="as config.sweep.cpu_devices: -1 one CPU device per core, 0 JAX's "
+                           "default")
+  parser.add_argument("--part", choices=["all", "sequential"], default="all",
+                      help="sequential: only the one-after-another runs, as JSON on stdout")
   args = parser.parse_args(argv)
+  parallel.use_cpu_cores_as_devices(args.cpu_devices)
   default_replicas = "16" if args.mode == "compare" else "1,8,64"
   args.replicas = [int(r) for r in (args.replicas or default_replicas).split(",")]
   result, table = compare(args) if args.mode == "compare" else device(args)
+  if result is None:
+    return 0
   result["machine"] = {"devices": [str(d) for d in jax.devices()], "cpus": os.cpu_count(),
                        "load_average": os.getloadavg(), "platform": platform.platform(),
                        "jax": jax.__version__}
