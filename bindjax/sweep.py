@@ -216,7 +216,8 @@ def _bucket_functions(spec, mesh, chunk_size):
   shards = parallel.num_replica_shards(mesh)
   sharding = parallel.replica_sharding(mesh)
   # With a "data" axis, each replica's scenes are split over its data devices.
-  vstep = parallel.chunked_vmap(_replica_step(spec, parallel.data_sharding(mesh)), chunk_size,
+  scene_sharding = parallel.data_sharding(mesh)
+  vstep = parallel.chunked_vmap(_replica_step(spec, scene_sharding), chunk_size,
                                 num_shards=shards, spmd_axis_name=parallel.REPLICA_AXIS)
 
   def bucket_init(hyper):
@@ -232,8 +233,9 @@ def _bucket_functions(spec, mesh, chunk_size):
 
   def bucket_eval(params, hyper, step):
     def one(p, h):
-      return train.eval_step(p, train.eval_key(h.key, step), h, spec)
-    return parallel.chunked_vmap(one, chunk_size, num_shards=shards)(params, hyper)
+      return train.eval_step(p, train.eval_key(h.key, step), h, spec, scene_sharding)
+    return parallel.chunked_vmap(one, chunk_size, num_shards=shards,
+                                 spmd_axis_name=parallel.REPLICA_AXIS)(params, hyper)
 
   return (jax.jit(bucket_init, out_shardings=sharding),
           jax.jit(bucket_step, out_shardings=sharding, donate_argnums=0),

@@ -280,9 +280,12 @@ def init(key, spec, hyper):
                     key=data_key)
 
 
-def _sample(key, permutation_O, num_train, spec, sampler, split):
-  return scenes.sample_batch(key, permutation_O, num_train, space=spec.space, sampler=sampler,
-                             split=split)
+def _sample(key, permutation_O, num_train, spec, sampler, split, scene_sharding=None):
+  batch = scenes.sample_batch(key, permutation_O, num_train, space=spec.space, sampler=sampler,
+                              split=split)
+  if scene_sharding is None:
+    return batch
+  return batch.map_per_scene(lambda x: jax.lax.with_sharding_constraint(x, scene_sharding))
 
 
 def forward(params, batch, config, cap):
@@ -317,10 +320,7 @@ def train_step(state, hyper, spec, scene_sharding=None):
   Returns (new_state, metrics) with scalar metrics of this batch (before the update).
   """
   batch = _sample(jax.random.fold_in(state.key, state.step), hyper.permutation_O,
-                  hyper.num_train, spec, spec.sampler, "train")
-  if scene_sharding is not None:
-    batch = batch.map_per_scene(
-        lambda x: jax.lax.with_sharding_constraint(x, scene_sharding))
+                  hyper.num_train, spec, spec.sampler, "train", scene_sharding)
 
   def loss_fn(params):
     out = forward(params, batch, spec.model, spec.model.train_logit_cap)
@@ -347,12 +347,13 @@ def train_step(state, hyper, spec, scene_sharding=None):
   return new_state, metrics
 
 
-def _evaluate(params, key, permutation_O, num_train, spec, split):
+def _evaluate(params, key, permutation_O, num_train, spec, split, scene_sharding):
   """Metrics over spec.eval_batches fresh batches: mean of per-batch means (SPEC §6)."""
   k = spec.space.max_objects
 
   def one_batch(batch_key):
-    batch = _sample(batch_key, permutation_O, num_train, spec, spec.eval_sampler, split)
+    batch = _sample(batch_key, permutation_O, num_train, spec, spec.eval_sampler, split,
+                    scene_sharding)
     out = forward(params, batch, spec.model, spec.model.eval_logit_cap)
     result = {"concept_loss": out["concept_loss"], "object_loss": out["object_loss"]}
     for name in ("concept", "object"):
@@ -380,13 +381,13 @@ def _evaluate(params, key, permutation_O, num_train, spec, split):
   return metrics
 
 
-def eval_step(params, key, hyper, spec):
+def eval_step(params, key, hyper, spec, scene_sharding=None):
   """Held-out and training-object evaluation of one replica (SPEC §6).
 
   "heldout/…": scenes of held-out objects, queries over all objects. At coverage 1 there is no
   held-out set: those metrics then come from training-object scenes and
   "heldout/uses_training_objects" is 1. "train/…": scenes of training objects, same schedule and
-  batch count. Returns a flat dict of float32 scalars.
+  batch count. scene_sharding: as in train_step. Returns a flat dict of float32 scalars.
   """
   has_heldout = hyper.num_train < spec.space.num_objects
   # With num_train = 0 the "test" pool is every object, i.e. the training objects at coverage 1.
@@ -395,7 +396,8 @@ def eval_step(params, key, hyper, spec):
   metrics = {}
   for prefix, k, num_train, split in (("heldout", heldout_key, heldout_num_train, "test"),
                                       ("train", train_key, hyper.num_train, "train")):
-    for name, value in _evaluate(params, k, hyper.permutation_O, num_train, spec, split).items():
+    for name, value in _evaluate(params, k, hyper.permutation_O, num_train, spec, split,
+                                 scene_sharding).items():
       metrics[f"{prefix}/{name}"] = value
   metrics["heldout/uses_training_objects"] = 1.0 - has_heldout.astype(jnp.float32)
   return metrics

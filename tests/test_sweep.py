@@ -261,8 +261,8 @@ def test_two_processes_equal_one(reference, tmp_path):
 
 
 def test_data_axis_splits_each_replicas_batch_and_matches():
-  """num_data=2 (4 replica groups × 2 data devices) trains to the same numbers as num_data=1,
-  and the compiled step really splits the scenes: gradients are summed across data devices."""
+  """num_data=2 (4 replica groups × 2 data devices) trains and evaluates to the same numbers as
+  num_data=1, and the compiled programs really split the scenes (sums across data devices)."""
   _, (bucket,) = sweep.expand_grid(tiny_config())
   results = {}
   for num_data in (1, 2):
@@ -270,13 +270,15 @@ def test_data_axis_splits_each_replicas_batch_and_matches():
     hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(),
                                            parallel.num_replica_shards(mesh))
     hyper = parallel.shard_replicas(hyper_np, mesh)
-    init_fn, step_fn, _, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, 0,
-                                                  log=lambda *_: None)
+    init_fn, step_fn, eval_fn, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, 0,
+                                                        log=lambda *_: None)
     state, history = init_fn(hyper), []
     for _ in range(3):
       state, metrics = step_fn(state, hyper)
       history.append(parallel.to_host(metrics))
-    results[num_data] = (step_fn.as_text(), history)
+    step = sweep._global_scalar(3, mesh)
+    history.append(parallel.to_host(eval_fn(state["train"].params, hyper, step)))
+    results[num_data] = (step_fn.as_text() + eval_fn.as_text(), history)
   (hlo_1, history_1), (hlo_2, history_2) = results[1], results[2]
   assert "all-reduce" not in hlo_1
   assert "all-reduce" in hlo_2
