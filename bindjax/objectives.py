@@ -63,3 +63,40 @@ def accuracy_by_count(correct_B, row_mask_B, num_objects_B, max_objects):
   rows_K = in_count_KxB.sum(-1)
   per_count_K = (in_count_KxB * correct_B[None, :]).sum(-1) / jnp.maximum(rows_K, 1)
   return masked_mean(correct_B, row_mask_B), per_count_K, rows_K
+
+
+def two_object_binding(logits_BxQ, labels_BxQ, query_mask_Q, query_ids_Q, objects_BxKxC,
+                       num_objects_B, space):
+  """Which 2-object scenes need binding, and whether the logits bind them (C = 2 concepts).
+
+  A scene {(a0, a1), (b0, b1)} with a0 ≠ b0 and a1 ≠ b1 is "ambiguous": its cross pair
+  {(a0, b1), (b0, a1)} holds the same concept values, so only binding tells the two apart.
+  Otherwise the objects "share" one value or are the "same" object twice. Returns bools [B],
+  False on rows that are not 2-object scenes: same, share, ambiguous; for ambiguous scenes
+  "bag" (both positives above every negative except the cross objects: right up to binding),
+  "cross_queried" (both cross objects are valid queries) and "bind" (those rows with both
+  positives above both cross objects). query_ids_Q are object ids of `space` (an ObjectSpace).
+  """
+  if objects_BxKxC.shape[-1] != 2:
+    raise ValueError(f"two_object_binding: objects have {objects_BxKxC.shape[-1]} concepts; "
+                     "the cross pair is defined for C = 2")
+  two_B = num_objects_B == 2
+  a_BxC, b_BxC = objects_BxKxC[:, 0], objects_BxKxC[:, 1]
+  num_equal_B = (a_BxC == b_BxC).sum(-1)
+  ambiguous_B = two_B & (num_equal_B == 0)
+  cross_Bx2 = jnp.stack([space.object_ids(jnp.stack([a_BxC[:, 0], b_BxC[:, 1]], -1).clip(0)),
+                         space.object_ids(jnp.stack([b_BxC[:, 0], a_BxC[:, 1]], -1).clip(0))],
+                        -1)
+  query_mask_Q = query_mask_Q.astype(bool)
+  cross_BxQ = (query_ids_Q[None, :, None] == cross_Bx2[:, None, :]).any(-1) & query_mask_Q
+  positive_BxQ = (labels_BxQ > 0) & query_mask_Q
+  negative_BxQ = (labels_BxQ <= 0) & query_mask_Q
+  logits_BxQ = logits_BxQ.astype(jnp.float32)
+  min_positive_B = jnp.min(jnp.where(positive_BxQ, logits_BxQ, jnp.inf), -1)
+  max_other_B = jnp.max(jnp.where(negative_BxQ & ~cross_BxQ, logits_BxQ, -jnp.inf), -1)
+  max_cross_B = jnp.max(jnp.where(negative_BxQ & cross_BxQ, logits_BxQ, -jnp.inf), -1)
+  cross_queried_B = ambiguous_B & (cross_BxQ.sum(-1) == 2)
+  return {"same": two_B & (num_equal_B == 2), "share": two_B & (num_equal_B == 1),
+          "ambiguous": ambiguous_B, "bag": ambiguous_B & (min_positive_B > max_other_B),
+          "cross_queried": cross_queried_B,
+          "bind": cross_queried_B & (min_positive_B > max_cross_B)}

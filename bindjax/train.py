@@ -306,6 +306,7 @@ def forward(params, batch, config, cap):
       ("object", logits_BxQ[:, num_concept:], batch.object_labels_BxQo,
        batch.object_query_mask_Qo, batch.object_active_B)):
     out[f"{name}_loss"] = objectives.soft_cross_entropy(logits, labels, active, query_mask)
+    out[f"{name}_logits_BxQ"] = logits
     out[f"{name}_correct_B"] = objectives.set_separation_correct(logits, labels, query_mask)
     out[f"{name}_active_B"] = active
   out["loss"] = out["concept_loss"] + out["object_loss"]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bindjax import objectives
+from bindjax import world
 
 
 def _correct(logits, labels, query_mask=None):
@@ -122,3 +123,42 @@ def test_vmappable_over_leading_axes(batch_shape):
       objectives.soft_cross_entropy(lg, lb, objectives.active_rows(lb, mask), mask)
       for lg, lb in zip(flat_logits, flat_labels))]
   np.testing.assert_allclose(np.asarray(out).reshape(-1), np.array(expected), rtol=1e-5)
+
+
+def test_two_object_binding_kinds_bag_and_bind():
+  space = world.ObjectSpace((3, 3), max_objects=2)
+  ids = lambda *objects: [int(space.object_ids(np.array(o))) for o in objects]  # noqa: E731
+  amb = np.array([[0, 0], [1, 1]])          # cross pair (0, 1), (1, 0)
+  positives, cross = ids((0, 0), (1, 1)), ids((0, 1), (1, 0))
+  other = ids((2, 2))[0]
+  objects = np.array([amb, amb, amb, [[0, 0], [0, 1]], [[2, 2], [2, 2]], [[1, 2], [-1, -1]]])
+  num_objects = np.array([2, 2, 2, 2, 2, 1])
+  logits = np.zeros((6, 9), np.float32)
+  logits[:3, positives] = 5.0
+  logits[0, cross] = 5.0                      # cross objects tie with the positives: no binding
+  logits[1, cross] = 4.0                      # binds
+  logits[2, cross], logits[2, other] = 4.0, 6.0   # binds, but another object beats a positive
+  labels = np.zeros((6, 9), np.float32)
+  for row, scene in enumerate(objects):
+    for obj in scene[:num_objects[row]]:
+      labels[row, ids(obj)[0]] = 1.0
+  query_ids = np.arange(9)
+  query_mask = np.ones(9, bool)
+  out = {k: np.asarray(v).tolist() for k, v in objectives.two_object_binding(
+      jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(query_mask), jnp.asarray(query_ids),
+      jnp.asarray(objects), jnp.asarray(num_objects), space).items()}
+  assert out["ambiguous"] == [True, True, True, False, False, False]
+  assert out["share"] == [False, False, False, True, False, False]
+  assert out["same"] == [False, False, False, False, True, False]
+  assert out["bag"] == [True, True, False, False, False, False]
+  assert out["bind"] == [False, True, True, False, False, False]
+  assert out["cross_queried"] == [True, True, True, False, False, False]
+  query_mask[cross[0]] = False                # a cross object that is not a query
+  out = objectives.two_object_binding(
+      jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(query_mask), jnp.asarray(query_ids),
+      jnp.asarray(objects), jnp.asarray(num_objects), space)
+  assert np.asarray(out["cross_queried"]).tolist() == [False] * 6
+  assert np.asarray(out["bind"]).tolist() == [False] * 6
+  with pytest.raises(ValueError, match="C = 2"):
+    objectives.two_object_binding(logits, labels, query_mask, query_ids,
+                                  np.zeros((6, 2, 3), int), num_objects, space)
