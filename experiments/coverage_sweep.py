@@ -7,12 +7,18 @@ Presets (the ARG after the colon):
   smoke      CI: 2 tiny spaces × 3 coverages × 2 seeds, 40 steps (well under 2 min on 2 cores).
   cpu        2 idle CPU cores, about an hour (≈120k replica-steps at ≈40/s): |O| ∈ {100, 400,
              1000}, coverage 0.1–0.9 (5 points), 2 seeds, a 2-layer d_model-64 model, batch 128,
-             4000 steps at lr 1e-3. Meant to show where held-out two-object accuracy starts to
-             rise; NOT yet tuned or verified to show the transition. Probe (load ≈13 machine,
-             |O| = 400, seed 0, 1500 steps, this model): held-out two-object accuracy at
-             coverage 0.3 / 0.6 / 0.9 = 0.02 / 0.40 / 0.39 (training objects 0.73 / 0.43 / 0.44;
-             one-object held-out 0.09 / 1.0 / 1.0): coverage 0.3 memorises, ≥ 0.6 generalises
-             at the level it fits training scenes, which was still rising at 1500 steps.
+             4000 steps at lr 1e-3. It does NOT show the transition, and no CPU-sized setting
+             tried did (issue 6 item a; experiments/results/cpu_phase_transition.md). Held-out
+             two-object accuracy is ≈0 at low coverage, where the model memorises training
+             objects, and sits at 0.3–0.45 at high coverage, the level of a model that does
+             not bind (training two-object accuracy stays ≈0.45 too). It never clearly crosses
+             0.5: the one 0.502 was plateau noise. These settings at |O| = 400, seed 0,
+             3000 steps, load ≈5, final (best) step: coverage 0.3 / 0.6 / 0.9 → 0.003 (0.35) /
+             0.28 (0.43) / 0.37 (0.43). 9 probes (lr 1e-3–3e-3, wd 0.1–3, |O| 400–2500,
+             4 layers or d_model 128, batch up to 512, up to 5000 steps): none crossed 0.5
+             with binding. The likely cause is that the query tower's object codes stay
+             additive (tests/test_train.py: the docstring of
+             test_tiny_model_learns_and_coverage_one_reports_training_objects).
   paper      the study's grid: |O| ∈ {400 (C=2, V=20), 2500 (C=2, V=50), 125000 (C=3, V=50)},
              coverage 0.1–0.9, 3 seeds, the published model (d_model 256, 6 layers, d_out 64,
              batch 512, 50k steps, lr 3e-5). For accelerators / TPU pods (launch/).
