@@ -120,8 +120,9 @@ def compare(args):
     sweep.append(replicas * args.steps / run_all(args.steps))
     sequential.append(sequential_rates(singles, args.steps))
   sweep, sequential = np.array(sweep), np.array(sequential)
-  baselines = {f"one device of {jax.device_count()}, single-threaded ops": sequential}
-  if args.cpu_devices != 0:
+  threads = "single-threaded" if args.cores_as_devices else "multi-threaded"
+  baselines = {f"one device of {jax.device_count()}, {threads} ops": sequential}
+  if args.cores_as_devices:
     default = sequential_with_jax_defaults(args)
     baselines["JAX default CPU set-up (one device, multi-threaded ops)"] = np.array(
         default["rates"])
@@ -218,7 +219,7 @@ def main(argv=None):
   parser.add_argument("--part", choices=["all", "sequential"], default="all",
                       help="sequential: only the one-after-another runs, as JSON on stdout")
   args = parser.parse_args(argv)
-  parallel.use_cpu_cores_as_devices(args.cpu_devices)
+  args.cores_as_devices = parallel.use_cpu_cores_as_devices(args.cpu_devices) > 0
   default_replicas = "16" if args.mode == "compare" else "1,8,64"
   args.replicas = [int(r) for r in (args.replicas or default_replicas).split(",")]
   result, table = compare(args) if args.mode == "compare" else device(args)
