@@ -27,8 +27,9 @@ Presets (the ARG after the colon):
 Any field can be overridden; grid lists take comma lists or single values, e.g.
 --config.grid.seeds=0,1,2 --config.grid.coverages=0.5 --config.grid.spaces='(2,20),(3,10)'
 --config.sweep.chunk_size=8 --config.num_steps=2000. Sweep settings: sweep.chunk_size (-1
-automatic from device memory, 0 all replicas at once, n replicas at a time), sweep.num_data (devices per replica group; the rest of
-the devices form the "replica" mesh axis), sweep.memory_fraction, sweep.fast_compile (cheaper
+automatic from device memory, 0 all replicas at once, n replicas at a time), sweep.num_data
+(devices per replica group, which split its scenes; the rest of the devices form the "replica"
+mesh axis), sweep.memory_fraction, sweep.fast_compile (cheaper
 XLA compiles of slower code: for tiny models), sweep.cpu_devices (CPU hosts: -1 one device per
 core, each single-threaded, so replicas run side by side; 0 JAX's default single CPU device;
 ignored when XLA_FLAGS sets the host device count).

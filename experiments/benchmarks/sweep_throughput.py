@@ -9,8 +9,9 @@ one CPU device per core as `bindjax sweep` sets up (config.sweep.cpu_devices), v
 single-replica runs one after another with the same code (a 1-replica bucket, compiled once) on
 one device, both single-threaded per device and (in a subprocess) with JAX's default CPU set-up;
 the speedup is against the faster of the two. Train steps only (compile excluded, reported
-apart). Medians over --repeats, with the spread. device: for each R, replica-steps/s and model FLOP utilisation (FLOPs of the matmuls
-from bindjax.models.tower_flops, x3 for forward + backward) against --peak_tflops.
+apart). Medians over --repeats, with the spread. device: for each R, replica-steps/s and model
+FLOP utilisation (FLOPs of the matmuls from bindjax.models.tower_flops, x3 for forward +
+backward) against --peak_tflops.
 
 Writes a Markdown table and JSON to experiments/benchmarks/results/.
 """
