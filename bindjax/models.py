@@ -186,12 +186,15 @@ class Linear(nn.Module):
     self.bias = (None if self.bias_init is None else
                  self.param("bias", self.bias_init, (self.features,)))
 
+  def weights(self, start=0, stop=None):
+    """(kernel [in, stop - start], bias or None) of the output columns start:stop."""
+    if start == 0 and stop is None:
+      return self.kernel, self.bias
+    return self.kernel[:, start:stop], None if self.bias is None else self.bias[start:stop]
+
   def __call__(self, x_NxI, start=0, stop=None):
     lead = x_NxI.shape[:-1]
-    kernel_IxO, bias_O = self.kernel, self.bias
-    if start != 0 or stop is not None:
-      kernel_IxO = kernel_IxO[:, start:stop]
-      bias_O = None if bias_O is None else bias_O[start:stop]
+    kernel_IxO, bias_O = self.weights(start, stop)
     # A 2-D matmul: the weight gradient then contracts a plain [N, I] matrix (no activation
     # transposes in the backward pass).
     x_NxI = x_NxI.reshape(-1, x_NxI.shape[-1]).astype(self.dtype)
@@ -211,6 +214,10 @@ class SelfAttention(nn.Module):
 
   `query_positions_BxQ` selects which rows produce outputs (all rows, or just the EOS row);
   keys/values always cover every position. Masks: padding keys, plus causal for "clip".
+  With few output rows (the readout block), the key and value projections are folded into
+  those rows instead of applied at every position: q·(W_k h + b_k) = (W_kᵀq)·h + q·b_k, where
+  softmax ignores q·b_k (the same for every key), and Σ p (W_v h + b_v) = W_v (Σ p h) + b_v.
+  Equal up to rounding; it removes the block's largest matmul, [B·L, d] × [d, 2d].
   """
   config: ModelConfig
   qkv_init: Callable
@@ -222,21 +229,29 @@ class SelfAttention(nn.Module):
     d, num_heads, head_dim = cfg.d_model, cfg.num_heads, cfg.head_dim
     batch, length = h_BxLxD.shape[:2]
     qkv = Linear(d, 3 * d, self.qkv_init, _zeros, cfg.dtype, name="qkv")
-    if query_positions_BxQ is None:
+    readout = query_positions_BxQ is not None
+    if not readout:
       qkv_BxLx3D = qkv(h_BxLxD)
       q_BxQxD, kv_BxLx2D = qkv_BxLx3D[..., :d], qkv_BxLx3D[..., d:]
       query_positions_BxQ = jnp.broadcast_to(jnp.arange(length), (batch, length))
     else:
       h_BxQxD = jnp.take_along_axis(h_BxLxD, query_positions_BxQ[..., None], axis=1)
       q_BxQxD = qkv(h_BxQxD, 0, d)
-      kv_BxLx2D = qkv(h_BxLxD, d, None)
     num_queries = q_BxQxD.shape[1]
     q_BxQxHxK = q_BxQxD.reshape(batch, num_queries, num_heads, head_dim)
-    kv_BxLx2xHxK = kv_BxLx2D.reshape(batch, length, 2, num_heads, head_dim)
-    k_BxLxHxK, v_BxLxHxK = kv_BxLx2xHxK[:, :, 0], kv_BxLx2xHxK[:, :, 1]
-
-    scores_BxHxQxL = jnp.einsum("bqhk,blhk->bhql", q_BxQxHxK, k_BxLxHxK,
-                                preferred_element_type=jnp.float32) * (head_dim ** -0.5)
+    scale = head_dim ** -0.5
+    if not readout:
+      kv_BxLx2xHxK = kv_BxLx2D.reshape(batch, length, 2, num_heads, head_dim)
+      k_BxLxHxK, v_BxLxHxK = kv_BxLx2xHxK[:, :, 0], kv_BxLx2xHxK[:, :, 1]
+      scores_BxHxQxL = jnp.einsum("bqhk,blhk->bhql", q_BxQxHxK, k_BxLxHxK,
+                                  preferred_element_type=jnp.float32) * scale
+    else:
+      h_BxLxD = h_BxLxD.astype(cfg.dtype)
+      kernel_DxD, _ = qkv.weights(d, 2 * d)
+      wk_DxHxK = kernel_DxD.reshape(d, num_heads, head_dim).astype(cfg.dtype)
+      qk_BxQxHxD = jnp.einsum("bqhk,dhk->bqhd", q_BxQxHxK, wk_DxHxK)
+      scores_BxHxQxL = jnp.einsum("bqhd,bld->bhql", qk_BxQxHxD, h_BxLxD,
+                                  preferred_element_type=jnp.float32) * scale
     allowed_BxQxL = jnp.broadcast_to(key_valid_BxL[:, None, :], (batch, num_queries, length))
     if cfg.variant == "clip":
       allowed_BxQxL = allowed_BxQxL & (jnp.arange(length)[None, None, :]
@@ -245,7 +260,14 @@ class SelfAttention(nn.Module):
     scores_BxHxQxL = jnp.where(allowed_BxQxL[:, None], scores_BxHxQxL,
                                jnp.finfo(jnp.float32).min)
     probs_BxHxQxL = jax.nn.softmax(scores_BxHxQxL, axis=-1).astype(cfg.dtype)
-    out_BxQxHxK = jnp.einsum("bhql,blhk->bqhk", probs_BxHxQxL, v_BxLxHxK)
+    if not readout:
+      out_BxQxHxK = jnp.einsum("bhql,blhk->bqhk", probs_BxHxQxL, v_BxLxHxK)
+    else:
+      kernel_DxD, bias_D = qkv.weights(2 * d, None)
+      wv_DxHxK = kernel_DxD.reshape(d, num_heads, head_dim).astype(cfg.dtype)
+      mixed_BxQxHxD = jnp.einsum("bhql,bld->bqhd", probs_BxHxQxL, h_BxLxD)
+      out_BxQxHxK = (jnp.einsum("bqhd,dhk->bqhk", mixed_BxQxHxD, wv_DxHxK) +
+                     bias_D.reshape(num_heads, head_dim).astype(cfg.dtype))
     out_BxQxD = out_BxQxHxK.reshape(batch, num_queries, d)
     return Linear(d, d, self.out_init, _zeros, cfg.dtype, name="out")(out_BxQxD)
 
@@ -404,12 +426,14 @@ def count_parameters(params) -> int:
 def tower_flops(config: ModelConfig, num_sequences, length, out_features=None) -> int:
   """Forward FLOPs (2·multiply-adds) of the matmuls one tower executes, attention included.
 
-  Counts what this implementation runs (the last block computes queries, attention output and
-  MLP for the EOS row only). A training step costs about 3x the forward.
+  Counts what this implementation runs: the last block computes only the EOS row, with the key
+  and value projections folded into it (`SelfAttention`), so its attention costs 4·d² for the
+  projections plus 2·heads·length·d for scores and mixing. A training step costs about 3x the
+  forward.
   """
-  d, w = config.d_model, config.mlp_width
+  d, w, heads = config.d_model, config.mlp_width, config.num_heads
   out_features = config.d_out if out_features is None else out_features
   full_block = length * (3 * d * d + 2 * length * d + d * d + 2 * d * w)
-  last_block = length * 2 * d * d + d * d + 2 * length * d + d * d + 2 * d * w
+  last_block = 4 * d * d + 2 * heads * length * d + d * d + 2 * d * w
   per_sequence = (config.num_layers - 1) * full_block + last_block + d * out_features
   return int(2 * num_sequences * per_sequence)

@@ -52,6 +52,7 @@ from bindjax import files
 from bindjax import parallel
 from bindjax import train
 from bindjax import world
+from bindjax import xla_options
 
 CONFIG_FILE = "config.json"
 REPLICAS_FILE = "replicas.json"
@@ -60,10 +61,6 @@ SUMMARY_FILE = "summary.csv"
 DONE_FILE = "sweep_done.json"
 CHECKPOINT_DIR = "checkpoints"
 AUTO_CHUNK = -1
-# XLA options of sweep.fast_compile: several times faster CPU compiles of slightly slower code;
-# right for tiny models (tests, smoke runs) where compiling dominates.
-FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0,
-                        "xla_llvm_disable_expensive_passes": True}
 # Training metrics copied into every row (besides the evaluation metrics at eval steps).
 TRAIN_METRICS = ("loss", "concept_loss", "object_loss", "batch_concept_accuracy",
                  "batch_object_accuracy", "learning_rate", "grad_norm", "tau")
@@ -272,9 +269,10 @@ def compile_bucket(spec, mesh, hyper, chunk_setting=AUTO_CHUNK,
   chunk_setting: 0 = all replicas at once, n > 0 = n replicas at a time (over all devices),
   AUTO_CHUNK = from the compiled program's memory analysis (or `estimate_step_bytes`) against
   the device memory. Compiled programs are cached per (spec, mesh, replicas, chunk).
-  fast_compile: compile with FAST_COMPILE_OPTIONS.
+  fast_compile: compile with xla_options.FAST_COMPILE_OPTIONS. Every program gets
+  `xla_options.compiler_options` for the mesh's platform.
   """
-  options = FAST_COMPILE_OPTIONS if fast_compile else None
+  options = xla_options.compiler_options(mesh.devices.flat[0].platform, fast_compile)
   if chunk_setting is None or chunk_setting == 0:
     chunk = None
   elif chunk_setting > 0:
@@ -289,7 +287,7 @@ def compile_bucket(spec, mesh, hyper, chunk_setting=AUTO_CHUNK,
 
 def _compiled(spec, mesh, hyper, chunk, options=None):
   size = hyper.num_train.shape[0]
-  key = (spec, mesh, size, chunk, bool(options))
+  key = (spec, mesh, size, chunk, tuple(sorted((options or {}).items())))
   if key not in _PROGRAM_CACHE:
     init_fn, step_fn, eval_fn = _bucket_functions(spec, mesh, chunk)
     abstract_state = jax.eval_shape(init_fn, hyper)

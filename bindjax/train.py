@@ -34,6 +34,7 @@ from bindjax import models
 from bindjax import objectives
 from bindjax import scenes
 from bindjax import world
+from bindjax import xla_options
 
 INIT_STREAM, DATA_STREAM, EVAL_STREAM = 0, 1, 2
 METRICS_FILE = "metrics.jsonl"
@@ -41,10 +42,6 @@ CONFIG_FILE = "config.json"
 SPLIT_FILE = "split.npz"
 CHECKPOINT_DIR = "checkpoints"
 BEST_METRIC = "heldout/object_accuracy"
-# XLA options of `fast_compile`: several times cheaper CPU compiles of slightly slower code, for
-# tiny models (tests, smoke runs) where compiling dominates the run time.
-FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0,
-                        "xla_llvm_disable_expensive_passes": True}
 
 
 def default_config():
@@ -68,7 +65,7 @@ def default_config():
   c.eval = ml_collections.ConfigDict(dict(every=1000, batches=10, batch_size=512))
   c.log_every = 100
   c.checkpoint = ml_collections.ConfigDict(dict(every=1000, keep=3, keep_best=1))
-  c.fast_compile = False   # FAST_COMPILE_OPTIONS for the single-run loop (tiny models)
+  c.fast_compile = False   # xla_options.FAST_COMPILE_OPTIONS for the single-run loop (tiny models)
   return c
 
 
@@ -479,8 +476,9 @@ def run_training(config, workdir, *, progress=True, log=print):
                                 keep_best=int(config.checkpoint.keep_best))
   try:
     t0 = time.perf_counter()
-    options = FAST_COMPILE_OPTIONS if config.get("fast_compile", False) else None
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    options = xla_options.compiler_options(jax.devices()[0].platform,
+                                           config.get("fast_compile", False))
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                             jax.eval_shape(lambda h: init(h.key, spec, h), hyper))
     restored = ckpt.restore(abstract)

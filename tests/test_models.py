@@ -182,8 +182,11 @@ def test_causal_mask_only_in_clip_and_readout_row(variant, causal):
   y_changed = apply(params, x.at[:, 4:].add(shift), valid)
   assert np.allclose(y[:, :4], y_changed[:, :4], atol=1e-6) == causal
   assert not np.allclose(y[:, 4:], y_changed[:, 4:], atol=1e-3)
-  # The read-out block (queries and MLP for one row only) equals that row of the full block,
-  # with padding keys masked.
+  # The read-out block (queries and MLP for one row only, key and value projections folded
+  # into that row) equals that row of the full block, with padding keys masked and non-zero
+  # q/k/v biases (the key bias drops out of the read-out's softmax).
+  qkv = params["params"]["attn"]["qkv"]
+  qkv["bias"] = jax.random.normal(jax.random.key(7), qkv["bias"].shape)
   valid = jnp.asarray(SCENES != PAD)
   eos = models.eos_positions(jnp.asarray(SCENES), PAD)
   full = apply(params, x, valid)

@@ -16,6 +16,7 @@ from bindjax import files
 from bindjax import parallel
 from bindjax import sweep
 from bindjax import train
+from bindjax import xla_options
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "experiments"))
@@ -123,7 +124,7 @@ def test_vmapped_sweep_equals_separate_runs(reference):
   _, _, rows = reference
   replicas, buckets = sweep.expand_grid(tiny_config())
   spec = buckets[0].spec
-  options = sweep.FAST_COMPILE_OPTIONS
+  options = xla_options.compiler_options(jax.default_backend(), fast_compile=True)
   hyper = jax.device_put(buckets[0].hypers[0])
   init = jax.jit(lambda h: train.init(h.key, spec, h)).lower(hyper).compile(options)
   state = init(hyper)

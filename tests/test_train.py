@@ -13,6 +13,7 @@ from bindjax import files
 from bindjax import objectives
 from bindjax import scenes
 from bindjax import train
+from bindjax import xla_options
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "experiments"))
@@ -33,7 +34,8 @@ def _leaf(tree, path):
 
 
 def _compile(fn, *args):
-  return jax.jit(fn).lower(*args).compile(train.FAST_COMPILE_OPTIONS)
+  return jax.jit(fn).lower(*args).compile(
+      xla_options.compiler_options(jax.default_backend(), fast_compile=True))
 
 
 @pytest.mark.parametrize("path,value,match", [

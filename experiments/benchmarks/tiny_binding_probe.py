@@ -45,6 +45,7 @@ from bindjax import models
 from bindjax import objectives
 from bindjax import scenes
 from bindjax import train
+from bindjax import xla_options
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import train as train_presets  # noqa: E402  (experiments/train.py)
@@ -175,7 +176,7 @@ def run_config(overrides, seeds, eval_batches, eval_batch_size, log_every, fast_
 
   t0 = time.perf_counter()
   fn = jax.jit(jax.vmap(one)).lower(hyper_R).compile(
-      train.FAST_COMPILE_OPTIONS if fast_compile else None)
+      xla_options.compiler_options(jax.default_backend(), fast_compile))
   t1 = time.perf_counter()
   loss_RxT, acc_RxT, result = jax.device_get(fn(hyper_R))
   t2 = time.perf_counter()

@@ -31,8 +31,8 @@ import optax
 from bindjax import files
 from bindjax import models
 from bindjax import scenes
-from bindjax import train
 from bindjax import world
+from bindjax import xla_options
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tiny_binding")
 MODES = ("bce", "ce", "cos", "tower")
@@ -101,7 +101,8 @@ def run_mode(mode, *, layers, d_model, heads, d_ff, steps, lr, batch_size, seeds
 
   seeds_R = jnp.asarray(seeds)
   t0 = time.perf_counter()
-  fn = jax.jit(jax.vmap(one)).lower(seeds_R).compile(train.FAST_COMPILE_OPTIONS)
+  fn = jax.jit(jax.vmap(one)).lower(seeds_R).compile(
+      xla_options.compiler_options(jax.default_backend(), fast_compile=True))
   losses, acc, amb = jax.device_get(fn(seeds_R))
   seconds = time.perf_counter() - t0
   every = max(1, steps // 10)

@@ -1,0 +1,31 @@
+"""XLA compiler options of bindjax's training programs (single runs and sweep buckets).
+
+Two settings, passed per compile (`compiler_options(platform, fast_compile)`), so nothing global
+changes:
+
+- CPU: XLA:CPU's YNNPACK library fusions are turned off. They take this project's small dots,
+  batched dots and reductions (layer norms, softmax), where XLA's own kernels are faster:
+  `experiments/benchmarks/sweep_throughput.py` and `train_step.py` measured 1.3–1.6× faster
+  steps for the small and cpu-preset models and no loss for the published model
+  (`results/ynn_fusions.md`). An explicit --xla_cpu_experimental_ynn_fusion_type in XLA_FLAGS
+  wins over this default.
+- fast_compile: several times cheaper CPU compiles of slightly slower code, for tiny models
+  (tests, smoke runs) where compiling dominates the run time.
+"""
+import os
+
+YNN_FLAG = "xla_cpu_experimental_ynn_fusion_type"
+CPU_OPTIONS = {YNN_FLAG: ""}   # the empty list of library fusion types: none
+FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0,
+                        "xla_llvm_disable_expensive_passes": True}
+
+
+def compiler_options(platform, fast_compile=False, environ=None):
+  """Options for `.compile(...)` of a program for `platform` ("cpu", "gpu", "tpu"), or None."""
+  environ = os.environ if environ is None else environ
+  options = {}
+  if platform == "cpu" and YNN_FLAG not in environ.get("XLA_FLAGS", ""):
+    options.update(CPU_OPTIONS)
+  if fast_compile:
+    options.update(FAST_COMPILE_OPTIONS)
+  return options or None
