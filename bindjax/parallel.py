@@ -254,6 +254,37 @@ def choose_chunk_size(bytes_per_replica, replicas_per_device, *, fixed_bytes=0,
   return per_device * num_shards
 
 
+def cpu_cache_bytes_per_core(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
+  """CPU 0's last-level cache divided by the CPUs that share it (bytes), or None if unknown.
+
+  Reads Linux sysfs (index*/level, size such as "32768K", shared_cpu_list such as "0-1,4").
+  """
+  try:
+    levels = []
+    for entry in os.listdir(cache_dir):
+      path = os.path.join(cache_dir, entry)
+      if entry.startswith("index"):
+        with open(os.path.join(path, "level")) as f:
+          levels.append((int(f.read()), path))
+    _, path = max(levels)
+    with open(os.path.join(path, "size")) as f:
+      size = f.read().strip()
+    with open(os.path.join(path, "shared_cpu_list")) as f:
+      shared = f.read().strip()
+  except (OSError, ValueError):
+    return None
+  units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+  try:
+    nbytes = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    cpus = 0
+    for part in shared.split(","):
+      first, _, last = part.partition("-")
+      cpus += int(last or first) - int(first) + 1
+  except (ValueError, IndexError):
+    return None
+  return nbytes // max(1, cpus)
+
+
 def compiled_memory_bytes(compiled):
   """(temporary bytes, argument + output bytes) of a compiled executable, or None if unknown."""
   try:

@@ -268,11 +268,12 @@ def compile_bucket(spec, mesh, hyper, chunk_setting=AUTO_CHUNK,
 
   chunk_setting: 0 = all replicas at once, n > 0 = n replicas at a time (over all devices),
   AUTO_CHUNK = from the compiled program's memory analysis (or `estimate_step_bytes`) against
-  the device memory. Compiled programs are cached per (spec, mesh, replicas, chunk).
+  the device memory and, on CPU, each core's share of the last-level cache. Compiled programs
+  are cached per (spec, mesh, replicas, chunk).
   fast_compile: compile with xla_options.FAST_COMPILE_OPTIONS. Every program gets
   `xla_options.compiler_options` for the mesh's platform.
   """
-  options = xla_options.compiler_options(mesh.devices.flat[0].platform, fast_compile)
+  options = xla_options.compiler_options(_platform(mesh), fast_compile)
   if chunk_setting is None or chunk_setting == 0:
     chunk = None
   elif chunk_setting > 0:
@@ -303,6 +304,10 @@ def _compiled(spec, mesh, hyper, chunk, options=None):
   return _PROGRAM_CACHE[key]
 
 
+def _platform(mesh):
+  return mesh.devices.flat[0].platform
+
+
 def _auto_chunk(spec, mesh, hyper, memory_fraction, log, options):
   size = hyper.num_train.shape[0]
   shards = parallel.num_replica_shards(mesh)
@@ -314,9 +319,20 @@ def _auto_chunk(spec, mesh, hyper, memory_fraction, log, options):
   per_replica = temp / per_device if temp else estimate_step_bytes(spec)
   chunk = parallel.choose_chunk_size(per_replica, per_device, fixed_bytes=fixed,
                                      memory_fraction=memory_fraction, num_shards=shards)
+  reason = "device memory"
+  cache = parallel.cpu_cache_bytes_per_core() if _platform(mesh) == "cpu" else None
+  if cache:
+    # A CPU core streams a chunk's activations through its share of the last-level cache: the
+    # cpu preset's model ran 1.4× faster one replica per core at a time than eight at once
+    # (experiments/benchmarks/results/sweep_throughput_cpu{,_unchunked}.md); the small model,
+    # well inside the cache, ran best unchunked.
+    cache_chunk = parallel.choose_chunk_size(per_replica, per_device, memory_bytes=cache,
+                                             memory_fraction=1.0, num_shards=shards)
+    if cache_chunk is not None and (chunk is None or cache_chunk < chunk):
+      chunk, reason = cache_chunk, f"the CPU's {cache / 2**20:.0f} MiB cache share per core"
   if chunk is not None:
-    log(f"chunking: {chunk} replicas at a time (≈{per_replica / 2**20:.0f} MiB per replica, "
-        f"{per_device} per device)")
+    log(f"chunking: {chunk} replicas at a time (≈{per_replica / 2**20:.1f} MiB per replica, "
+        f"{per_device} per device; fits {reason})")
   return chunk
 
 

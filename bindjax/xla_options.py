@@ -4,11 +4,11 @@ Two settings, passed per compile (`compiler_options(platform, fast_compile)`), s
 changes:
 
 - CPU: XLA:CPU's YNNPACK library fusions are turned off. They take this project's small dots,
-  batched dots and reductions (layer norms, softmax), where XLA's own kernels are faster:
-  `experiments/benchmarks/sweep_throughput.py` and `train_step.py` measured 1.3–1.6× faster
-  steps for the small and cpu-preset models and no loss for the published model
-  (`results/ynn_fusions.md`). An explicit --xla_cpu_experimental_ynn_fusion_type in XLA_FLAGS
-  wins over this default.
+  batched dots and reductions (layer norms, softmax), where XLA's own kernels were faster on a
+  2-core EPYC VM (experiments/benchmarks/results/, `--xla_defaults` runs for comparison): the
+  small-model sweep 2020–2550 vs 1660 replica-steps/s, the cpu preset's model 1.5× in an
+  interleaved run, the published model's single step 3.1 vs 3.6 s; a single small run was the
+  same within noise. An explicit --xla_cpu_experimental_ynn_fusion_type in XLA_FLAGS wins.
 - fast_compile: several times cheaper CPU compiles of slightly slower code, for tiny models
   (tests, smoke runs) where compiling dominates the run time.
 """

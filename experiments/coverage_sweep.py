@@ -5,20 +5,20 @@
 
 Presets (the ARG after the colon):
   smoke      CI: 2 tiny spaces × 3 coverages × 2 seeds, 40 steps (well under 2 min on 2 cores).
-  cpu        2 idle CPU cores, about an hour (≈120k replica-steps at ≈40/s): |O| ∈ {100, 400,
-             1000}, coverage 0.1–0.9 (5 points), 2 seeds, a 2-layer d_model-64 model, batch 128,
-             4000 steps at lr 1e-3. It does NOT show the transition, and no CPU-sized setting
+  cpu        2 idle CPU cores, under an hour (≈120k replica-steps; training alone ran at 70–80
+             replica-steps/s, experiments/benchmarks/results/sweep_throughput_cpu.md): |O| ∈ {100,
+             400, 1000}, coverage 0.1–0.9 (5 points), 2 seeds, a 2-layer d_model-64 model, batch
+             128, 4000 steps at lr 1e-3. It does NOT show the transition, and no CPU-sized setting
              tried did (issue 6 item a; experiments/results/cpu_phase_transition.md). Held-out
              two-object accuracy is ≈0 at low coverage, where the model memorises training
-             objects, and sits at 0.3–0.45 at high coverage, the level of a model that does
-             not bind (training two-object accuracy stays ≈0.45 too). It never clearly crosses
-             0.5: the one 0.502 was plateau noise. These settings at |O| = 400, seed 0,
-             3000 steps, load ≈5, final (best) step: coverage 0.3 / 0.6 / 0.9 → 0.003 (0.35) /
-             0.28 (0.43) / 0.37 (0.43). 9 probes (lr 1e-3–3e-3, wd 0.1–3, |O| 400–2500,
-             4 layers or d_model 128, batch up to 512, up to 5000 steps): none crossed 0.5
-             with binding. The likely cause is that the query tower's object codes stay
-             additive (tests/test_train.py: the docstring of
-             test_tiny_model_learns_and_coverage_one_reports_training_objects).
+             objects, and sits at 0.3–0.45 at high coverage, the level of a model that does not
+             bind (training two-object accuracy stays ≈0.45 too). It never clearly crosses 0.5:
+             the one 0.502 was plateau noise. These settings at |O| = 400, seed 0, 3000 steps,
+             load ≈5, final (best) step: coverage 0.3 / 0.6 / 0.9 → 0.003 (0.35) / 0.28 (0.43) /
+             0.37 (0.43). 9 probes (lr 1e-3–3e-3, wd 0.1–3, |O| 400–2500, 4 layers or d_model 128,
+             batch up to 512, up to 5000 steps): none crossed 0.5 with binding. The likely cause
+             is that the query tower's object codes stay additive (tests/test_train.py: the
+             docstring of test_tiny_model_learns_and_coverage_one_reports_training_objects).
   paper      the study's grid: |O| ∈ {400 (C=2, V=20), 2500 (C=2, V=50), 125000 (C=3, V=50)},
              coverage 0.1–0.9, 3 seeds, the published model (d_model 256, 6 layers, d_out 64,
              batch 512, 50k steps, lr 3e-5). For accelerators / TPU pods (launch/).
@@ -27,7 +27,8 @@ Presets (the ARG after the colon):
 Any field can be overridden; grid lists take comma lists or single values, e.g.
 --config.grid.seeds=0,1,2 --config.grid.coverages=0.5 --config.grid.spaces='(2,20),(3,10)'
 --config.sweep.chunk_size=8 --config.num_steps=2000. Sweep settings: sweep.chunk_size (-1
-automatic from device memory, 0 all replicas at once, n replicas at a time), sweep.num_data
+automatic from device memory and, on CPU, each core's share of the last-level cache; 0 all
+replicas at once; n replicas at a time), sweep.num_data
 (devices per replica group, which split its scenes; the rest of the devices form the "replica"
 mesh axis), sweep.memory_fraction, sweep.fast_compile (cheaper
 XLA compiles of slower code: for tiny models), sweep.cpu_devices (CPU hosts: -1 one device per

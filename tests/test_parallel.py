@@ -131,3 +131,20 @@ def test_use_cpu_cores_as_devices_before_and_after_backend_start():
   out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
                        text=True).stdout.split()
   assert out == ["3", "3", "--xla_cpu_multi_thread_eigen=false"]
+
+
+def test_cpu_cache_bytes_per_core_reads_sysfs(tmp_path):
+  def cache(index, level, size, shared):
+    d = tmp_path / f"index{index}"
+    d.mkdir()
+    (d / "level").write_text(f"{level}\n")
+    (d / "size").write_text(f"{size}\n")
+    (d / "shared_cpu_list").write_text(f"{shared}\n")
+
+  cache(0, 1, "32K", "0")
+  cache(2, 2, "512K", "0")
+  cache(3, 3, "24576K", "0-1,4")
+  assert parallel.cpu_cache_bytes_per_core(str(tmp_path)) == (24 << 20) // 3
+  (tmp_path / "index3" / "size").write_text("lots\n")
+  assert parallel.cpu_cache_bytes_per_core(str(tmp_path)) is None
+  assert parallel.cpu_cache_bytes_per_core(str(tmp_path / "missing")) is None

@@ -290,3 +290,22 @@ def test_data_axis_splits_each_replicas_batch_and_matches():
   jax.tree_util.tree_map(
       lambda a, b: np.testing.assert_allclose(a[:size], b[:size], rtol=1e-4, atol=1e-5),
       history_2, history_1)
+
+
+def test_auto_chunk_keeps_each_cores_replicas_within_its_cache_share(monkeypatch):
+  _, (bucket,) = sweep.expand_grid(tiny_config())
+  mesh = parallel.make_mesh()
+  hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
+  hyper = parallel.shard_replicas(hyper_np, mesh)  # 16 replicas, 2 per device
+
+  def auto_chunk(cache_bytes):
+    monkeypatch.setattr(parallel, "cpu_cache_bytes_per_core", lambda: cache_bytes)
+    logged = []
+    chunk = sweep.compile_bucket(bucket.spec, mesh, hyper, log=logged.append,
+                                 fast_compile=True)[-1]
+    return chunk, logged
+
+  assert auto_chunk(1 << 30) == (None, [])
+  assert auto_chunk(None) == (None, [])
+  chunk, logged = auto_chunk(1)  # nothing fits: one replica per device at a time
+  assert chunk == 8 and "cache share per core" in logged[0]

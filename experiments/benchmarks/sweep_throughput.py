@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, "experiments"))
 
 import coverage_sweep  # noqa: E402
-from bindjax import files, models, parallel, sweep  # noqa: E402
+from bindjax import files, models, parallel, sweep, xla_options  # noqa: E402
 
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
 
@@ -54,7 +54,7 @@ def config_for(model, replicas):
 
 
 def bucket_runner(config, devices=None, chunk=sweep.AUTO_CHUNK):
-  """(compile seconds, run(steps) -> seconds, bucket) for the config's single bucket."""
+  """(compile seconds, run(steps) -> seconds, bucket, chunk) for the config's single bucket."""
   _, buckets = sweep.expand_grid(config)
   (bucket,) = buckets
   mesh = parallel.make_mesh(devices=devices)
@@ -62,7 +62,7 @@ def bucket_runner(config, devices=None, chunk=sweep.AUTO_CHUNK):
                                          parallel.num_replica_shards(mesh))
   hyper = parallel.shard_replicas(hyper_np, mesh)
   t0 = time.perf_counter()
-  init_fn, step_fn, _, _ = sweep.compile_bucket(
+  init_fn, step_fn, _, chunk = sweep.compile_bucket(
       bucket.spec, mesh, hyper, chunk, log=lambda *_: None,
       fast_compile=bool(config.sweep.fast_compile))
   compile_seconds = time.perf_counter() - t0
@@ -78,7 +78,7 @@ def bucket_runner(config, devices=None, chunk=sweep.AUTO_CHUNK):
     jax.block_until_ready(metrics)
     return time.perf_counter() - t
 
-  return compile_seconds, run, bucket
+  return compile_seconds, run, bucket, chunk
 
 
 def sequential_runners(args, bucket):
@@ -94,7 +94,7 @@ def sequential_runners(args, bucket):
 
 def sequential_rates(runners, steps):
   """Replica-steps/s of the runs trained one after another."""
-  return len(runners) * steps / sum(run(steps) for _, run, _ in runners)
+  return len(runners) * steps / sum(runner[1](steps) for runner in runners)
 
 
 def sequential_with_jax_defaults(args):
@@ -102,6 +102,7 @@ def sequential_with_jax_defaults(args):
   command = [sys.executable, os.path.abspath(__file__), "--part=sequential", "--cpu_devices=0",
              f"--model={args.model}", f"--replicas={args.replicas[0]}",
              f"--steps={args.steps}", f"--repeats={args.repeats}"]
+  command += ["--xla_defaults"] if args.xla_defaults else []
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
   return json.loads(out.strip().splitlines()[-1])
@@ -110,7 +111,7 @@ def sequential_with_jax_defaults(args):
 def compare(args):
   replicas = args.replicas[0]
   config = config_for(args.model, replicas)
-  compile_all, run_all, bucket = bucket_runner(config)
+  compile_all, run_all, bucket, chunk = bucket_runner(config, chunk=args.chunk)
   singles = sequential_runners(args, bucket)
   if args.part == "sequential":
     rates = [sequential_rates(singles, args.steps) for _ in range(args.repeats)]
@@ -136,7 +137,9 @@ def compare(args):
       "sweep_replica_steps_per_s": _stats(sweep),
       "sequential_replica_steps_per_s": {name: _stats(r) for name, r in baselines.items()},
       "fastest_sequential": best_name,
+      "xla_options": "XLA defaults" if args.xla_defaults else "bindjax.xla_options",
       "speedup": _stats(speedups),
+      "sweep_chunk": chunk,
       "compile_s": {"sweep_bucket": round(compile_all, 2),
                     "single_replica": round(singles[0][0], 2)},
       "note": "train steps only; the sweep runs one bucket over all CPU devices (as `bindjax "
@@ -144,7 +147,8 @@ def compare(args):
               "one after another, in both CPU set-ups; speedup is against the faster one",
   }
   table = ["| R | model | set-up | replica-steps/s | speedup |", "|---:|---|---|---:|---:|",
-           f"| {replicas} | {args.model} | sweep over {jax.device_count()} CPU devices | "
+           f"| {replicas} | {args.model} | sweep over {jax.device_count()} CPU devices"
+           f"{f', {chunk} replicas at a time' if chunk else ''} | "
            f"{_fmt(result['sweep_replica_steps_per_s'])} | {_fmt(result['speedup'], 2)} |"]
   for name, rates in baselines.items():
     table.append(f"| {replicas} | {args.model} | sequential, {name} | {_fmt(_stats(rates))} | "
@@ -159,18 +163,19 @@ def device(args):
     config = config_for(args.model, replicas)
     if args.dtype:
       config.model.compute_dtype = args.dtype
-    compile_seconds, run, bucket = bucket_runner(config)
+    compile_seconds, run, bucket, chunk = bucket_runner(config, chunk=args.chunk)
     times = [run(args.steps) / args.steps for _ in range(args.repeats)]
     step_time = float(np.median(times))
     flops = replicas * train_step_flops(bucket.spec)
     tflops = flops / step_time / 1e12
     row = {"replicas": replicas, "replica_steps_per_s": replicas / step_time,
            "step_seconds": _stats(np.array(times)), "tflops": tflops,
-           "mfu": tflops / args.peak_tflops, "compile_s": round(compile_seconds, 2),
+           "mfu": tflops / args.peak_tflops, "chunk": chunk,
+           "compile_s": round(compile_seconds, 2),
            "flops_per_replica_step": train_step_flops(bucket.spec)}
     rows.append(row)
     table.append(f"| {replicas} | {row['replica_steps_per_s']:.1f} | {step_time:.4f} | "
-                 f"{tflops:.1f} | {row['mfu']:.1%} | - | {compile_seconds:.1f} |")
+                 f"{tflops:.1f} | {row['mfu']:.1%} | {chunk or '-'} | {compile_seconds:.1f} |")
     print(table[-1], flush=True)
   return {"mode": "device", "model": args.model, "peak_tflops": args.peak_tflops,
           "dtype": args.dtype or "float32", "steps": args.steps, "repeats": args.repeats,
@@ -217,9 +222,16 @@ def main(argv=None):
   parser.add_argument("--cpu_devices", type=int, default=-1,
                       help="as config.sweep.cpu_devices: -1 one CPU device per core, 0 JAX's "
                            "default")
+  parser.add_argument("--chunk", type=int, default=sweep.AUTO_CHUNK,
+                      help="as config.sweep.chunk_size: -1 automatic, 0 none, n replicas at a time")
+  parser.add_argument("--xla_defaults", action="store_true",
+                      help="compile with XLA's own CPU defaults (YNNPACK fusions on) instead of "
+                           "bindjax.xla_options.CPU_OPTIONS, for comparison")
   parser.add_argument("--part", choices=["all", "sequential"], default="all",
                       help="sequential: only the one-after-another runs, as JSON on stdout")
   args = parser.parse_args(argv)
+  if args.xla_defaults:
+    xla_options.CPU_OPTIONS = {}
   args.cores_as_devices = parallel.use_cpu_cores_as_devices(args.cpu_devices) > 0
   default_replicas = "16" if args.mode == "compare" else "1,8,64"
   args.replicas = [int(r) for r in (args.replicas or default_replicas).split(",")]

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from bindjax import models
 from bindjax import train
+from bindjax import xla_options
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -102,7 +103,8 @@ def bench_config(name, steps, repeats, donate):
   step_fn = jax.jit(lambda s, h: train.train_step(s, h, spec),
                     donate_argnums=(0,) if donate else ())
   t0 = time.perf_counter()
-  compiled = step_fn.lower(state, hyper).compile()
+  compiled = step_fn.lower(state, hyper).compile(
+      xla_options.compiler_options(jax.devices()[0].platform))
   compile_s = time.perf_counter() - t0
   holder = {"state": state}
 
@@ -149,7 +151,12 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--no_donate", action="store_true")
   parser.add_argument("--tag", default="")
+  parser.add_argument("--xla_defaults", action="store_true",
+                      help="compile with XLA's own CPU defaults (YNNPACK fusions on) instead of "
+                           "bindjax.xla_options.CPU_OPTIONS, for comparison")
   args = parser.parse_args(argv)
+  if args.xla_defaults:
+    xla_options.CPU_OPTIONS = {}
 
   load_start = os.getloadavg()
 
@@ -175,7 +182,9 @@ def main(argv=None):
     row["fraction_of_matmul_rate"] = row["achieved_flops_per_s"] / reference
   result = {
       "device": str(jax.devices()[0]), "num_cpus": os.cpu_count(), "jax": jax.__version__,
-      "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average_start": load_start,
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "compiler_options": xla_options.compiler_options(jax.devices()[0].platform),
+      "load_average_start": load_start,
       "load_average_end": os.getloadavg(), "matmul_flops_per_s": matmuls,
       "matmul_reference_flops_per_s": reference, "results": rows,
       "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
@@ -185,7 +194,8 @@ def main(argv=None):
   _write(os.path.join(RESULTS, f"train_step{suffix}.json"), json.dumps(result, indent=2) + "\n")
   lines = [
       f"# train_step throughput ({result['device']}, {result['num_cpus']} CPUs, jax "
-      f"{result['jax']}, donate={not args.no_donate}, XLA_FLAGS='{result['xla_flags']}')", "",
+      f"{result['jax']}, donate={not args.no_donate}, XLA_FLAGS='{result['xla_flags']}', "
+      f"compiler options {result['compiler_options']})", "",
       f"Load average start/end: {load_start[0]:.1f} / {result['load_average_end'][0]:.1f} "
       "(shared machine: numbers are noisy).",
       "Measured float32 matmul: " + ", ".join(
