@@ -229,29 +229,40 @@ class SelfAttention(nn.Module):
     d, num_heads, head_dim = cfg.d_model, cfg.num_heads, cfg.head_dim
     batch, length = h_BxLxD.shape[:2]
     qkv = Linear(d, 3 * d, self.qkv_init, _zeros, cfg.dtype, name="qkv")
-    readout = query_positions_BxQ is not None
-    if not readout:
+    scale = head_dim ** -0.5
+    if query_positions_BxQ is None:
       qkv_BxLx3D = qkv(h_BxLxD)
-      q_BxQxD, kv_BxLx2D = qkv_BxLx3D[..., :d], qkv_BxLx3D[..., d:]
+      q_BxQxD = qkv_BxLx3D[..., :d]
+      kv_BxLx2xHxK = qkv_BxLx3D[..., d:].reshape(batch, length, 2, num_heads, head_dim)
+      k_BxLxHxK, v_BxLxHxK = kv_BxLx2xHxK[:, :, 0], kv_BxLx2xHxK[:, :, 1]
       query_positions_BxQ = jnp.broadcast_to(jnp.arange(length), (batch, length))
+
+      def scores(q_BxQxHxK):
+        return jnp.einsum("bqhk,blhk->bhql", q_BxQxHxK, k_BxLxHxK,
+                          preferred_element_type=jnp.float32) * scale
+
+      def mix(probs_BxHxQxL):
+        return jnp.einsum("bhql,blhk->bqhk", probs_BxHxQxL, v_BxLxHxK)
     else:
       h_BxQxD = jnp.take_along_axis(h_BxLxD, query_positions_BxQ[..., None], axis=1)
       q_BxQxD = qkv(h_BxQxD, 0, d)
-    num_queries = q_BxQxD.shape[1]
-    q_BxQxHxK = q_BxQxD.reshape(batch, num_queries, num_heads, head_dim)
-    scale = head_dim ** -0.5
-    if not readout:
-      kv_BxLx2xHxK = kv_BxLx2D.reshape(batch, length, 2, num_heads, head_dim)
-      k_BxLxHxK, v_BxLxHxK = kv_BxLx2xHxK[:, :, 0], kv_BxLx2xHxK[:, :, 1]
-      scores_BxHxQxL = jnp.einsum("bqhk,blhk->bhql", q_BxQxHxK, k_BxLxHxK,
-                                  preferred_element_type=jnp.float32) * scale
-    else:
       h_BxLxD = h_BxLxD.astype(cfg.dtype)
-      kernel_DxD, _ = qkv.weights(d, 2 * d)
-      wk_DxHxK = kernel_DxD.reshape(d, num_heads, head_dim).astype(cfg.dtype)
-      qk_BxQxHxD = jnp.einsum("bqhk,dhk->bqhd", q_BxQxHxK, wk_DxHxK)
-      scores_BxHxQxL = jnp.einsum("bqhd,bld->bhql", qk_BxQxHxD, h_BxLxD,
-                                  preferred_element_type=jnp.float32) * scale
+      wk_DxD, _ = qkv.weights(d, 2 * d)
+      wv_DxD, bv_D = qkv.weights(2 * d, None)
+      wk_DxHxK = wk_DxD.reshape(d, num_heads, head_dim).astype(cfg.dtype)
+      wv_DxHxK = wv_DxD.reshape(d, num_heads, head_dim).astype(cfg.dtype)
+
+      def scores(q_BxQxHxK):
+        qk_BxQxHxD = jnp.einsum("bqhk,dhk->bqhd", q_BxQxHxK, wk_DxHxK)
+        return jnp.einsum("bqhd,bld->bhql", qk_BxQxHxD, h_BxLxD,
+                          preferred_element_type=jnp.float32) * scale
+
+      def mix(probs_BxHxQxL):
+        mixed_BxQxHxD = jnp.einsum("bhql,bld->bqhd", probs_BxHxQxL, h_BxLxD)
+        return (jnp.einsum("bqhd,dhk->bqhk", mixed_BxQxHxD, wv_DxHxK) +
+                bv_D.reshape(num_heads, head_dim).astype(cfg.dtype))
+    num_queries = q_BxQxD.shape[1]
+    scores_BxHxQxL = scores(q_BxQxD.reshape(batch, num_queries, num_heads, head_dim))
     allowed_BxQxL = jnp.broadcast_to(key_valid_BxL[:, None, :], (batch, num_queries, length))
     if cfg.variant == "clip":
       allowed_BxQxL = allowed_BxQxL & (jnp.arange(length)[None, None, :]
@@ -260,14 +271,7 @@ class SelfAttention(nn.Module):
     scores_BxHxQxL = jnp.where(allowed_BxQxL[:, None], scores_BxHxQxL,
                                jnp.finfo(jnp.float32).min)
     probs_BxHxQxL = jax.nn.softmax(scores_BxHxQxL, axis=-1).astype(cfg.dtype)
-    if not readout:
-      out_BxQxHxK = jnp.einsum("bhql,blhk->bqhk", probs_BxHxQxL, v_BxLxHxK)
-    else:
-      kernel_DxD, bias_D = qkv.weights(2 * d, None)
-      wv_DxHxK = kernel_DxD.reshape(d, num_heads, head_dim).astype(cfg.dtype)
-      mixed_BxQxHxD = jnp.einsum("bhql,bld->bqhd", probs_BxHxQxL, h_BxLxD)
-      out_BxQxHxK = (jnp.einsum("bqhd,dhk->bqhk", mixed_BxQxHxD, wv_DxHxK) +
-                     bias_D.reshape(num_heads, head_dim).astype(cfg.dtype))
+    out_BxQxHxK = mix(probs_BxHxQxL)
     out_BxQxD = out_BxQxHxK.reshape(batch, num_queries, d)
     return Linear(d, d, self.out_init, _zeros, cfg.dtype, name="out")(out_BxQxD)
 
