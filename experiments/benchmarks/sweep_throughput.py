@@ -7,9 +7,10 @@
 compare: R replicas of a small config trained by ONE compiled bucket step (bindjax.sweep), over
 one CPU device per core as `bindjax sweep` sets up (config.sweep.cpu_devices), vs R
 single-replica runs one after another with the same code (a 1-replica bucket, compiled once) on
-one device, both single-threaded per device and (in a subprocess) with JAX's default CPU set-up;
-the speedup is against the faster of the two. Train steps only (compile excluded, reported
-apart). Medians over --repeats, with the spread. device: for each R, replica-steps/s and model
+one device, both single-threaded per device and (in a worker subprocess) with JAX's default CPU
+set-up. Each of --repeats rounds times the three back to back, so the drift of a shared machine
+hits a round's numbers alike; a round's speedup is its sweep rate over its faster sequential
+rate. Train steps only (compile excluded, reported apart). Medians over rounds, with the spread. device: for each R, replica-steps/s and model
 FLOP utilisation (FLOPs of the matmuls from bindjax.models.tower_flops, x3 for forward +
 backward) against --peak_tflops.
 
@@ -53,10 +54,16 @@ def config_for(model, replicas):
   return c
 
 
-def bucket_runner(config, devices=None, chunk=sweep.AUTO_CHUNK):
-  """(compile seconds, run(steps) -> seconds, bucket, chunk) for the config's single bucket."""
+def single_bucket(config):
+  """The config's only bucket."""
   _, buckets = sweep.expand_grid(config)
   (bucket,) = buckets
+  return bucket
+
+
+def bucket_runner(config, devices=None, chunk=sweep.AUTO_CHUNK):
+  """(compile seconds, run(steps) -> seconds, bucket, chunk) for the config's single bucket."""
+  bucket = single_bucket(config)
   mesh = parallel.make_mesh(devices=devices)
   hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(),
                                          parallel.num_replica_shards(mesh))
@@ -92,51 +99,84 @@ def sequential_runners(args, bucket):
   return runners
 
 
-def sequential_rates(runners, steps):
+def sequential_rate(runners, steps):
   """Replica-steps/s of the runs trained one after another."""
   return len(runners) * steps / sum(runner[1](steps) for runner in runners)
 
 
-def sequential_with_jax_defaults(args):
-  """Sequential rates measured in a subprocess with JAX's default CPU set-up (--cpu_devices=0)."""
-  command = [sys.executable, os.path.abspath(__file__), "--part=sequential", "--cpu_devices=0",
-             f"--model={args.model}", f"--replicas={args.replicas[0]}",
-             f"--steps={args.steps}", f"--repeats={args.repeats}"]
-  command += ["--xla_defaults"] if args.xla_defaults else []
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-  return json.loads(out.strip().splitlines()[-1])
+def serve_sequential(args):
+  """Worker loop (--part=sequential): builds the runners, then answers each line `steps` on
+  stdin with the sequential rate as JSON on stdout, until stdin closes."""
+  singles = sequential_runners(args, single_bucket(config_for(args.model, args.replicas[0])))
+  print(json.dumps({"compile_s": singles[0][0]}), flush=True)
+  for line in sys.stdin:
+    print(json.dumps({"rate": sequential_rate(singles, int(line))}), flush=True)
+
+
+class JaxDefaultsWorker:
+  """The sequential runs with JAX's default CPU set-up, in a subprocess (the CPU set-up is fixed
+  per process) that runs when asked, so its measurements interleave with this process's."""
+
+  def __init__(self, args):
+    command = [sys.executable, os.path.abspath(__file__), "--part=sequential", "--cpu_devices=0",
+               f"--model={args.model}", f"--replicas={args.replicas[0]}"]
+    command += ["--xla_defaults"] if args.xla_defaults else []
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)
+    self.compile_s = self._reply()["compile_s"]
+
+  def _reply(self):
+    line = self.process.stdout.readline()
+    if not line:
+      raise RuntimeError(f"the JAX-default worker exited with {self.process.wait()}")
+    return json.loads(line)
+
+  def rate(self, steps):
+    self.process.stdin.write(f"{steps}\n")
+    self.process.stdin.flush()
+    return self._reply()["rate"]
+
+  def close(self):
+    self.process.stdin.close()
+    self.process.wait()
 
 
 def compare(args):
+  """Sweep vs sequential, measured in rounds: each round times the sweep and then every
+  sequential set-up back to back, so machine drift hits a round's measurements alike; the
+  speedup of a round is its sweep rate over its fastest sequential rate."""
   replicas = args.replicas[0]
   config = config_for(args.model, replicas)
   compile_all, run_all, bucket, chunk = bucket_runner(config, chunk=args.chunk)
   singles = sequential_runners(args, bucket)
-  if args.part == "sequential":
-    rates = [sequential_rates(singles, args.steps) for _ in range(args.repeats)]
-    print(json.dumps({"rates": rates, "compile_s": singles[0][0]}))
-    return None, None
-  sweep, sequential = [], []
-  for _ in range(args.repeats):
-    sweep.append(replicas * args.steps / run_all(args.steps))
-    sequential.append(sequential_rates(singles, args.steps))
-  sweep, sequential = np.array(sweep), np.array(sequential)
   threads = "single-threaded" if args.cores_as_devices else "multi-threaded"
-  baselines = {f"one device of {jax.device_count()}, {threads} ops": sequential}
+  measure = {f"one device of {jax.device_count()}, {threads} ops":
+             lambda: sequential_rate(singles, args.steps)}
+  worker = None
   if args.cores_as_devices:
-    default = sequential_with_jax_defaults(args)
-    baselines["JAX default CPU set-up (one device, multi-threaded ops)"] = np.array(
-        default["rates"])
-  best_name = max(baselines, key=lambda name: np.median(baselines[name]))
-  best = baselines[best_name]
-  speedups = sweep / best
+    worker = JaxDefaultsWorker(args)
+    measure["JAX default CPU set-up (one device, multi-threaded ops)"] = (
+        lambda: worker.rate(args.steps))
+  sweep_rates, rates = [], {name: [] for name in measure}
+  try:
+    for _ in range(args.repeats):
+      sweep_rates.append(replicas * args.steps / run_all(args.steps))
+      for name, rate in measure.items():
+        rates[name].append(rate())
+  finally:
+    if worker:
+      worker.close()
+  sweep_rates = np.array(sweep_rates)
+  baselines = {name: np.array(r) for name, r in rates.items()}
+  fastest_per_round = np.max(np.stack(list(baselines.values())), axis=0)
+  speedups = sweep_rates / fastest_per_round
   result = {
       "mode": "compare", "model": args.model, "replicas": replicas, "steps": args.steps,
       "repeats": args.repeats, "spec": _describe(bucket.spec), "cpu_devices": jax.device_count(),
-      "sweep_replica_steps_per_s": _stats(sweep),
+      "sweep_replica_steps_per_s": _stats(sweep_rates),
       "sequential_replica_steps_per_s": {name: _stats(r) for name, r in baselines.items()},
-      "fastest_sequential": best_name,
+      "fastest_sequential_per_round": _stats(fastest_per_round),
       "xla_options": "XLA defaults" if args.xla_defaults else "bindjax.xla_options",
       "speedup": _stats(speedups),
       "sweep_chunk": chunk,
@@ -144,15 +184,16 @@ def compare(args):
                     "single_replica": round(singles[0][0], 2)},
       "note": "train steps only; the sweep runs one bucket over all CPU devices (as `bindjax "
               "sweep` does); sequential = one 1-replica bucket per run, compiled once, trained "
-              "one after another, in both CPU set-ups; speedup is against the faster one",
+              "one after another, in both CPU set-ups; each round measures every set-up back "
+              "to back, and a round's speedup is against its fastest sequential set-up",
   }
   table = ["| R | model | set-up | replica-steps/s | speedup |", "|---:|---|---|---:|---:|",
            f"| {replicas} | {args.model} | sweep over {jax.device_count()} CPU devices"
            f"{f', {chunk} replicas at a time' if chunk else ''} | "
            f"{_fmt(result['sweep_replica_steps_per_s'])} | {_fmt(result['speedup'], 2)} |"]
-  for name, rates in baselines.items():
-    table.append(f"| {replicas} | {args.model} | sequential, {name} | {_fmt(_stats(rates))} | "
-                 f"{np.median(sweep) / np.median(rates):.2f} |")
+  for name, r in baselines.items():
+    table.append(f"| {replicas} | {args.model} | sequential, {name} | {_fmt(_stats(r))} | "
+                 f"{_fmt(_stats(sweep_rates / r), 2)} |")
   return result, table
 
 
@@ -228,16 +269,18 @@ def main(argv=None):
                       help="compile with XLA's own CPU defaults (YNNPACK fusions on) instead of "
                            "bindjax.xla_options.CPU_OPTIONS, for comparison")
   parser.add_argument("--part", choices=["all", "sequential"], default="all",
-                      help="sequential: only the one-after-another runs, as JSON on stdout")
+                      help="sequential: a worker that times the one-after-another runs on "
+                           "request (lines of steps on stdin, JSON rates on stdout)")
   args = parser.parse_args(argv)
   if args.xla_defaults:
     xla_options.CPU_OPTIONS = {}
   args.cores_as_devices = parallel.use_cpu_cores_as_devices(args.cpu_devices) > 0
   default_replicas = "16" if args.mode == "compare" else "1,8,64"
   args.replicas = [int(r) for r in (args.replicas or default_replicas).split(",")]
-  result, table = compare(args) if args.mode == "compare" else device(args)
-  if result is None:
+  if args.part == "sequential":
+    serve_sequential(args)
     return 0
+  result, table = compare(args) if args.mode == "compare" else device(args)
   result["machine"] = {"devices": [str(d) for d in jax.devices()], "cpus": os.cpu_count(),
                        "load_average": os.getloadavg(), "platform": platform.platform(),
                        "jax": jax.__version__}
