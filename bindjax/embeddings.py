@@ -12,6 +12,8 @@ import tempfile
 
 import numpy as np
 
+from bindjax import files
+
 FORMAT = "bindjax.embeddings"
 FORMAT_VERSION = 1
 ARRAYS_FILE = "embeddings.npz"
@@ -266,7 +268,7 @@ class EmbeddingSet:
         "num_scenes": self.num_scenes, "dim": self.dim, "max_objects": self.max_objects,
         "values_per_concept": list(self.values_per_concept),
         "concept_names": self.concept_names, "value_names": self.value_names,
-        "captions": self.captions, "provenance": jsonable(self.provenance),
+        "captions": self.captions, "provenance": files.to_jsonable(self.provenance),
         "probes": sorted(self.probes),
     }
 
@@ -379,14 +381,3 @@ def _rows(indices, limit=10):
   return f"{indices[:limit]}{more}"
 
 
-def jsonable(value):
-  """`value` with numpy scalars/arrays and tuples turned into JSON types."""
-  if isinstance(value, dict):
-    return {str(k): jsonable(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [jsonable(v) for v in value]
-  if isinstance(value, np.generic):
-    return value.item()
-  if isinstance(value, np.ndarray):
-    return value.tolist()
-  return value

@@ -5,8 +5,11 @@ half-written file under the final name.
 """
 import contextlib
 import json
+import math
 import os
 import secrets
+
+import numpy as np
 
 
 @contextlib.contextmanager
@@ -38,6 +41,22 @@ def write_atomic(path, data):
       f.write(data)
       f.flush()
       os.fsync(f.fileno())
+
+
+def to_jsonable(value):
+  """`value` with numpy scalars/arrays and tuples as JSON types, and NaN/±inf as None (strict
+  JSON, which json.dumps would otherwise write as the non-standard NaN/Infinity)."""
+  if isinstance(value, dict):
+    return {str(k): to_jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [to_jsonable(v) for v in value]
+  if isinstance(value, np.ndarray):
+    return to_jsonable(value.tolist())
+  if isinstance(value, np.generic):
+    value = value.item()
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
 
 
 def write_json(path, value, *, indent=2, sort_keys=False):

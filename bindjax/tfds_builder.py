@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from bindjax import embeddings as embeddings_lib
+from bindjax import files
 
 NAME = "bindjax_embeddings"
 VERSION = "1.0.0"
@@ -153,7 +154,7 @@ def write_chunks(chunks, out_dir, *, values_per_concept, dim, max_objects, conce
             "rows_per_example": rows_per_example,
             "concept_names": concept_names, "value_names": value_names,
             "has_captions": bool(stats["captions"]),
-            "provenance": embeddings_lib.jsonable(provenance or {}),
+            "provenance": files.to_jsonable(provenance or {}),
             "probes": sorted(probes)}
     with open(os.path.join(version_dir, METADATA_FILE), "w") as f:
       json.dump(meta, f, indent=1)

@@ -45,3 +45,12 @@ def test_read_jsonl_skips_torn_last_line(tmp_path):
   path.write_text('{"step": 1}\n{"ste\n')
   assert files.read_jsonl(path) == [{"step": 1}]
   assert files.read_jsonl(tmp_path / "missing.jsonl") == []
+
+
+def test_to_jsonable_writes_strict_json():
+  value = {1: (np.float32(0.5), np.int64(3), np.bool_(True)),
+           "a": np.array([[1.0, np.nan], [np.inf, -np.inf]]), "b": [float("nan"), "x", None]}
+  out = files.to_jsonable(value)
+  assert out == {"1": [0.5, 3, True], "a": [[1.0, None], [None, None]], "b": [None, "x", None]}
+  assert type(out["1"][1]) is int and type(out["1"][2]) is bool
+  json.dumps(out, allow_nan=False)  # raises if anything non-standard is left

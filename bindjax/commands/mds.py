@@ -47,7 +47,7 @@ def main(argv):
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1
   for stem, result in zip(stems, results):
-    files.write_json(stem + ".json", common.to_jsonable(result), indent=1)
+    files.write_json(stem + ".json", files.to_jsonable(result), indent=1)
     mds_plots.plot_quadruple(result, stem + ".png")
     print(f"{stem}.json: stress {result['stress']:.4g} (stress-1 {result['stress_1']:.3f}); "
           "sum→composite cosine distances " +

@@ -169,24 +169,6 @@ def value_name(embedding_set, concept, value):
   return str(int(value))
 
 
-def to_jsonable(value):
-  """numpy scalars/arrays -> Python values, NaN -> None (strict JSON)."""
-  if isinstance(value, dict):
-    return {str(k): to_jsonable(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [to_jsonable(v) for v in value]
-  if isinstance(value, np.ndarray):
-    return to_jsonable(value.tolist())
-  if isinstance(value, (np.bool_, bool)):
-    return bool(value)
-  if isinstance(value, (np.integer,)):
-    return int(value)
-  if isinstance(value, (np.floating, float)):
-    value = float(value)
-    return None if not np.isfinite(value) else value
-  return value
-
-
 def refuse_existing(paths, overwrite):
   """ValueError when an output exists and overwriting was not asked for."""
   existing = [p for p in paths if os.path.exists(p)]

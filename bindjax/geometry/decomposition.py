@@ -312,5 +312,5 @@ def write_decomposition(workdir, results, overwrite=False):
   """Writes decomposition.json under workdir (atomically); returns its path."""
   path = os.path.join(workdir, RESULTS_FILE)
   common.refuse_existing([path], overwrite)
-  files.write_json(path, common.to_jsonable(results), indent=1)
+  files.write_json(path, files.to_jsonable(results), indent=1)
   return path

@@ -267,8 +267,8 @@ def write_interventions(workdir, summary, rows, overwrite=False):
   """Writes summary.json and cases.jsonl under workdir (atomically)."""
   paths = [os.path.join(workdir, SUMMARY_FILE), os.path.join(workdir, CASES_FILE)]
   common.refuse_existing(paths, overwrite)
-  files.write_jsonl(paths[1], common.to_jsonable(rows))
-  files.write_json(paths[0], common.to_jsonable(summary), indent=1)
+  files.write_jsonl(paths[1], files.to_jsonable(rows))
+  files.write_json(paths[0], files.to_jsonable(summary), indent=1)
   return paths
 
 
