@@ -45,7 +45,7 @@ def use_cpu_cores_as_devices(count=-1, environ=None):
     raise ValueError(f"cpu_devices={count}: expected -1 (one per core), 0 (JAX's default) or a "
                      "positive device count")
   if count == -1:
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    count = len(available_cores())
   try:
     jax.config.update("jax_num_cpu_devices", int(count))
   except RuntimeError as e:
@@ -56,6 +56,31 @@ def use_cpu_cores_as_devices(count=-1, environ=None):
     environ["XLA_FLAGS"] = (environ.get("XLA_FLAGS", "") +
                             " --xla_cpu_multi_thread_eigen=false").strip()
   return int(count)
+
+
+def available_cores():
+  """Sorted ids of the CPU cores this process may run on."""
+  if hasattr(os, "sched_getaffinity"):
+    return sorted(os.sched_getaffinity(0))
+  return list(range(os.cpu_count() or 1))
+
+
+def split_cores(num_processes, cores=None):
+  """Disjoint, contiguous groups of `cores` (default: this process's), one per local process.
+
+  Several sweep processes on one CPU host run faster pinned to their own cores
+  (launch/local.py): inside one process, XLA:CPU runs every device's ops on one shared thread
+  pool, so a device's work hops between cores and their caches. Returns None when there are
+  more processes than cores (no pinning then). Group sizes differ by at most one.
+  """
+  cores = available_cores() if cores is None else sorted(cores)
+  if num_processes < 1:
+    raise ValueError(f"num_processes={num_processes}: expected >= 1")
+  if num_processes > len(cores):
+    return None
+  size, extra = divmod(len(cores), num_processes)
+  starts = [i * size + min(i, extra) for i in range(num_processes + 1)]
+  return [cores[starts[i]:starts[i + 1]] for i in range(num_processes)]
 
 
 def make_mesh(num_data=1, devices=None):

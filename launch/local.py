@@ -3,6 +3,12 @@
   python launch/local.py --config=experiments/coverage_sweep.py:cpu --workdir_root=runs [--dry-run]
   python launch/local.py --num_processes=2 ...   # several local processes via jax.distributed
 
+With several processes, each is pinned to its own share of this machine's cores (--no-pin to
+leave them unpinned; Linux only) and so makes one CPU device per core of its share. Inside one
+process, XLA:CPU runs every device's ops on one shared thread pool, so each device's work hops
+between cores; pinned processes keep it on one (bindjax.parallel.split_cores, measured by
+experiments/benchmarks/sweep_throughput.py --processes).
+
 The workdir is dated (ROOT/YYYYmmdd-HHMMSS-coverage_sweep-cpu) unless --workdir is given (to
 resume a killed sweep, pass its workdir).
 """
@@ -13,6 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+from bindjax import parallel  # noqa: E402
 
 
 def build_commands(args, extra, workdir):
@@ -28,6 +35,10 @@ def build_commands(args, extra, workdir):
   return processes, [bindjax, "report", f"--workdir={workdir}"]
 
 
+def _pin(cores):
+  return lambda: os.sched_setaffinity(0, cores)
+
+
 def parse(argv):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--config", default="experiments/coverage_sweep.py:smoke")
@@ -35,6 +46,8 @@ def parse(argv):
   parser.add_argument("--workdir", default=None)
   parser.add_argument("--num_processes", type=int, default=1)
   parser.add_argument("--port", type=int, default=12355)
+  parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                      help="pin each of several processes to its own cores")
   parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true")
   return parser.parse_args(argv)
 
@@ -47,11 +60,19 @@ def main(argv=None):
   workdir = args.workdir or common.dated_workdir(args.workdir_root, args.config)
   processes, report = build_commands(args, extra, workdir)
   print(f"# workdir: {workdir}")
+  groups = None
+  if args.pin and len(processes) > 1 and hasattr(os, "sched_setaffinity"):
+    groups = parallel.split_cores(len(processes))
+    if groups is None:
+      print(f"# not pinned: more processes ({len(processes)}) than cores")
+  for i, cores in enumerate(groups or []):
+    print(f"# process {i} pinned to cores {','.join(map(str, cores))}")
   if args.dry_run or len(processes) == 1:
     return common.run(processes + [report], args.dry_run)
   for command in processes:
     print("+ " + common.quote(command), flush=True)
-  running = [subprocess.Popen(command) for command in processes]
+  running = [subprocess.Popen(command, preexec_fn=_pin(cores) if cores else None)
+             for command, cores in zip(processes, groups or [None] * len(processes))]
   codes = [p.wait() for p in running]
   if any(codes):
     print(f"sweep processes exited with {codes}", file=sys.stderr)

@@ -3,6 +3,7 @@ import datetime
 import importlib.util
 import os
 import shlex
+import sys
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_slurm_dry_run(capsys, tmp_path):
     slurm.main(["--nodes=0", "--dry-run"])
 
 
-def test_local_dry_run(capsys, tmp_path):
+def test_local_dry_run(capsys, tmp_path, monkeypatch):
   local = _load("local")
   assert local.main([f"--workdir_root={tmp_path}", "--dry-run"]) == 0
   lines = _lines(capsys)
@@ -94,11 +95,32 @@ def test_local_dry_run(capsys, tmp_path):
   assert sweep[1:] == ["sweep", "--config=experiments/coverage_sweep.py:smoke",
                        f"--workdir={workdir}"]
   assert report[1:] == ["report", f"--workdir={workdir}"]
+  monkeypatch.setattr(local.parallel, "available_cores", lambda: [0, 1, 2, 3, 4])
   assert local.main([f"--workdir={tmp_path}/w", "--num_processes=2", "--port=4321",
                      "--dry-run"]) == 0
   lines = _lines(capsys)
-  assert len(lines) == 4
-  for i, line in enumerate(lines[1:3]):
+  assert lines[1:3] == ["# process 0 pinned to cores 0,1,2", "# process 1 pinned to cores 3,4"]
+  assert len(lines) == 6
+  for i, line in enumerate(lines[3:5]):
     assert f"--process_id={i}" in line and "--coordinator_address=127.0.0.1:4321" in line
     assert "--num_processes=2" in line
   assert not os.path.exists(f"{tmp_path}/w")
+  assert local.main([f"--workdir={tmp_path}/w", "--num_processes=2", "--no-pin",
+                     "--dry-run"]) == 0
+  assert not any("pinned" in line for line in _lines(capsys))
+  assert local.main([f"--workdir={tmp_path}/w", "--num_processes=6", "--dry-run"]) == 0
+  assert "# not pinned: more processes (6) than cores" in _lines(capsys)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux CPU affinity and two cores")
+def test_local_pins_each_process_to_its_cores(capfd, tmp_path, monkeypatch):
+  local = _load("local")
+  cores = sorted(os.sched_getaffinity(0))[:2]
+  monkeypatch.setattr(local.parallel, "available_cores", lambda: cores)
+  show = [sys.executable, "-c", "import os; print('cores', sorted(os.sched_getaffinity(0)))"]
+  monkeypatch.setattr(local, "build_commands",
+                      lambda args, extra, workdir: ([show, show], [sys.executable, "-c", ""]))
+  assert local.main([f"--workdir={tmp_path}/w", "--num_processes=2"]) == 0
+  printed = sorted(l for l in capfd.readouterr().out.splitlines() if l.startswith("cores"))
+  assert printed == [f"cores [{cores[0]}]", f"cores [{cores[1]}]"]

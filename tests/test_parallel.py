@@ -133,6 +133,17 @@ def test_use_cpu_cores_as_devices_before_and_after_backend_start():
   assert out == ["3", "3", "--xla_cpu_multi_thread_eigen=false"]
 
 
+def test_split_cores_gives_each_process_its_own_contiguous_cores():
+  assert parallel.split_cores(2, [0, 1]) == [[0], [1]]
+  assert parallel.split_cores(3, [7, 2, 3, 4, 5, 6, 8]) == [[2, 3, 4], [5, 6], [7, 8]]
+  assert parallel.split_cores(1, [1, 0]) == [[0, 1]]
+  assert parallel.split_cores(3, [0, 1]) is None
+  with pytest.raises(ValueError, match="num_processes=0"):
+    parallel.split_cores(0, [0, 1])
+  groups = parallel.split_cores(1)
+  assert groups == [parallel.available_cores()]
+
+
 def test_cpu_cache_bytes_per_core_reads_sysfs(tmp_path):
   def cache(index, level, size, shared):
     d = tmp_path / f"index{index}"

@@ -1,18 +1,21 @@
 """Throughput of the vmapped sweep vs the same runs one after another (issue 6 benchmark).
 
   .venv/bin/python experiments/benchmarks/sweep_throughput.py            # CPU: 16 replicas
+  .venv/bin/python experiments/benchmarks/sweep_throughput.py --processes=2   # pinned processes
   .venv/bin/python experiments/benchmarks/sweep_throughput.py --mode=device --model=paper \
       --replicas=1,8,64 --peak_tflops=989        # accelerator: replica-steps/s and MFU
 
 compare: R replicas of a small config trained by ONE compiled bucket step (bindjax.sweep), over
-one CPU device per core as `bindjax sweep` sets up (config.sweep.cpu_devices), vs R
+one CPU device per core as `bindjax sweep` sets up (config.sweep.cpu_devices), in one process and
+(--processes=P) in P local processes pinned to their cores as launch/local.py starts them, vs R
 single-replica runs one after another with the same code (a 1-replica bucket, compiled once) on
 one device, both single-threaded per device and (in a worker subprocess) with JAX's default CPU
-set-up. Each of --repeats rounds times the three back to back, so the drift of a shared machine
+set-up. Each of --repeats rounds times them all back to back, so the drift of a shared machine
 hits a round's numbers alike; a round's speedup is its sweep rate over its faster sequential
-rate. Train steps only (compile excluded, reported apart). Medians over rounds, with the spread. device: for each R, replica-steps/s and model
-FLOP utilisation (FLOPs of the matmuls from bindjax.models.tower_flops, x3 for forward +
-backward) against --peak_tflops.
+rate. Train steps only (compile excluded, reported apart). Medians over rounds, with the spread.
+
+device: for each R, replica-steps/s and model FLOP utilisation (FLOPs of the matmuls from
+bindjax.models.tower_flops, x3 for forward + backward) against --peak_tflops.
 
 Writes a Markdown table and JSON to experiments/benchmarks/results/.
 """
@@ -20,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -104,97 +108,187 @@ def sequential_rate(runners, steps):
   return len(runners) * steps / sum(runner[1](steps) for runner in runners)
 
 
-def serve_sequential(args):
-  """Worker loop (--part=sequential): builds the runners, then answers each line `steps` on
-  stdin with the sequential rate as JSON on stdout, until stdin closes."""
-  singles = sequential_runners(args, single_bucket(config_for(args.model, args.replicas[0])))
-  print(json.dumps({"compile_s": singles[0][0]}), flush=True)
+def serve(args, runner):
+  """Worker loop: prints `runner`'s set-up as JSON, then answers each line `steps` on stdin with
+  `runner.measure(steps)` as JSON on stdout, until stdin closes."""
+  print(json.dumps(runner.setup), flush=True)
   for line in sys.stdin:
-    print(json.dumps({"rate": sequential_rate(singles, int(line))}), flush=True)
+    print(json.dumps(runner.measure(int(line))), flush=True)
 
 
-class JaxDefaultsWorker:
-  """The sequential runs with JAX's default CPU set-up, in a subprocess (the CPU set-up is fixed
-  per process) that runs when asked, so its measurements interleave with this process's."""
+class SequentialPart:
+  """--part=sequential: the runs one after another in this process's CPU set-up."""
 
   def __init__(self, args):
-    command = [sys.executable, os.path.abspath(__file__), "--part=sequential", "--cpu_devices=0",
-               f"--model={args.model}", f"--replicas={args.replicas[0]}"]
-    command += ["--xla_defaults"] if args.xla_defaults else []
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)
-    self.compile_s = self._reply()["compile_s"]
+    self.singles = sequential_runners(
+        args, single_bucket(config_for(args.model, args.replicas[0])))
+    self.setup = {"compile_s": self.singles[0][0]}
 
-  def _reply(self):
+  def measure(self, steps):
+    return {"rate": sequential_rate(self.singles, steps)}
+
+
+class SweepProcessPart:
+  """--part=sweep_process: process `process_id` of a sweep over `processes` local processes
+  joined by jax.distributed (pinned to their cores by the parent), each running its share."""
+
+  def __init__(self, args):
+    parallel.maybe_initialize_distributed(f"127.0.0.1:{args.port}", args.processes,
+                                          args.process_id)
+    compile_s, self.run, _, chunk = bucket_runner(config_for(args.model, args.replicas[0]),
+                                                  chunk=args.chunk)
+    self.setup = {"compile_s": compile_s, "chunk": chunk, "devices": jax.device_count(),
+                  "local_devices": jax.local_device_count()}
+
+  def measure(self, steps):
+    return {"seconds": self.run(steps)}
+
+
+class Worker:
+  """A subprocess running one --part, measuring when asked, so that its measurements
+  interleave with this process's (a CPU set-up is fixed per process)."""
+
+  def __init__(self, args, part, extra=(), env=None, cores=None):
+    command = [sys.executable, os.path.abspath(__file__), f"--part={part}",
+               f"--model={args.model}", f"--replicas={args.replicas[0]}",
+               f"--chunk={args.chunk}", *extra]
+    command += ["--xla_defaults"] if args.xla_defaults else []
+    self.process = subprocess.Popen(
+        command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+    self.setup = None
+
+  def ready(self):
+    self.setup = self.reply()
+    return self.setup
+
+  def reply(self):
     line = self.process.stdout.readline()
     if not line:
-      raise RuntimeError(f"the JAX-default worker exited with {self.process.wait()}")
+      raise RuntimeError(f"benchmark worker exited with {self.process.wait()}")
     return json.loads(line)
 
-  def rate(self, steps):
+  def ask(self, steps):
     self.process.stdin.write(f"{steps}\n")
     self.process.stdin.flush()
-    return self._reply()["rate"]
 
   def close(self):
+    """Closes stdin: the worker then exits (call wait after closing every worker, since the
+    processes of one jax.distributed job leave together)."""
     self.process.stdin.close()
-    self.process.wait()
+
+  def wait(self):
+    return self.process.wait()
+
+
+def jax_defaults_worker(args):
+  """Worker timing the sequential runs with JAX's default CPU set-up."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  worker = Worker(args, "sequential", ["--cpu_devices=0"], env=env)
+  worker.ready()
+  return worker
+
+
+def sweep_process_workers(args):
+  """args.processes workers, each pinned to its share of the cores, running one sweep."""
+  groups = parallel.split_cores(args.processes)
+  if groups is None:
+    raise SystemExit(f"--processes={args.processes}: more processes than cores")
+  port = _free_port()
+  workers = [Worker(args, "sweep_process", [f"--processes={args.processes}",
+                                            f"--process_id={i}", f"--port={port}"],
+                    cores=cores)
+             for i, cores in enumerate(groups)]
+  for worker in workers:
+    worker.ready()
+  return workers
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
 
 def compare(args):
-  """Sweep vs sequential, measured in rounds: each round times the sweep and then every
+  """Sweep vs sequential, measured in rounds: each round times the sweep(s) and then every
   sequential set-up back to back, so machine drift hits a round's measurements alike; the
-  speedup of a round is its sweep rate over its fastest sequential rate."""
+  speedup of a round is its sweep rate over its fastest sequential rate. With --processes=P
+  both sweeps run: in this process, and in P pinned processes."""
   replicas = args.replicas[0]
   config = config_for(args.model, replicas)
-  compile_all, run_all, bucket, chunk = bucket_runner(config, chunk=args.chunk)
-  singles = sequential_runners(args, bucket)
-  threads = "single-threaded" if args.cores_as_devices else "multi-threaded"
-  measure = {f"one device of {jax.device_count()}, {threads} ops":
-             lambda: sequential_rate(singles, args.steps)}
-  worker = None
-  if args.cores_as_devices:
-    worker = JaxDefaultsWorker(args)
-    measure["JAX default CPU set-up (one device, multi-threaded ops)"] = (
-        lambda: worker.rate(args.steps))
-  sweep_rates, rates = [], {name: [] for name in measure}
+  workers = []
   try:
+    compile_all, run_here, bucket, chunk = bucket_runner(config, chunk=args.chunk)
+    sweeps = {f"sweep over {jax.device_count()} CPU devices{_chunk_text(chunk)}": run_here}
+    compile_s = {"sweep_bucket": round(compile_all, 2)}
+    if args.processes > 1:
+      sweepers = sweep_process_workers(args)
+      workers += sweepers
+      setup = sweepers[0].setup
+      compile_s["sweep_bucket_per_process"] = round(setup["compile_s"], 2)
+
+      def run_processes(steps):
+        for worker in sweepers:
+          worker.ask(steps)
+        return max(worker.reply()["seconds"] for worker in sweepers)
+      sweeps[f"sweep over {args.processes} pinned processes × {setup['local_devices']} CPU "
+             f"device(s){_chunk_text(setup['chunk'])}"] = run_processes
+    singles = sequential_runners(args, bucket)
+    compile_s["single_replica"] = round(singles[0][0], 2)
+    threads = "single-threaded" if args.cores_as_devices else "multi-threaded"
+    sequential = {f"one device of {jax.device_count()}, {threads} ops":
+                  lambda: sequential_rate(singles, args.steps)}
+    if args.cores_as_devices:
+      default = jax_defaults_worker(args)
+      workers.append(default)
+
+      def default_rate():
+        default.ask(args.steps)
+        return default.reply()["rate"]
+      sequential["JAX default CPU set-up (one device, multi-threaded ops)"] = default_rate
+    sweep_rates = {name: [] for name in sweeps}
+    rates = {name: [] for name in sequential}
     for _ in range(args.repeats):
-      sweep_rates.append(replicas * args.steps / run_all(args.steps))
-      for name, rate in measure.items():
+      for name, run in sweeps.items():
+        sweep_rates[name].append(replicas * args.steps / run(args.steps))
+      for name, rate in sequential.items():
         rates[name].append(rate())
   finally:
-    if worker:
+    for worker in workers:
       worker.close()
-  sweep_rates = np.array(sweep_rates)
+    for worker in workers:
+      worker.wait()
   baselines = {name: np.array(r) for name, r in rates.items()}
   fastest_per_round = np.max(np.stack(list(baselines.values())), axis=0)
-  speedups = sweep_rates / fastest_per_round
+  sweep_stats = {name: {"replica_steps_per_s": _stats(np.array(r)),
+                        "speedup": _stats(np.array(r) / fastest_per_round)}
+                 for name, r in sweep_rates.items()}
   result = {
       "mode": "compare", "model": args.model, "replicas": replicas, "steps": args.steps,
-      "repeats": args.repeats, "spec": _describe(bucket.spec), "cpu_devices": jax.device_count(),
-      "sweep_replica_steps_per_s": _stats(sweep_rates),
+      "repeats": args.repeats, "spec": _describe(bucket.spec), "sweeps": sweep_stats,
       "sequential_replica_steps_per_s": {name: _stats(r) for name, r in baselines.items()},
       "fastest_sequential_per_round": _stats(fastest_per_round),
       "xla_options": "XLA defaults" if args.xla_defaults else "bindjax.xla_options",
-      "speedup": _stats(speedups),
-      "sweep_chunk": chunk,
-      "compile_s": {"sweep_bucket": round(compile_all, 2),
-                    "single_replica": round(singles[0][0], 2)},
+      "sweep_chunk": chunk, "compile_s": compile_s,
       "note": "train steps only; the sweep runs one bucket over all CPU devices (as `bindjax "
-              "sweep` does); sequential = one 1-replica bucket per run, compiled once, trained "
-              "one after another, in both CPU set-ups; each round measures every set-up back "
-              "to back, and a round's speedup is against its fastest sequential set-up",
+              "sweep` does, in one process, or in pinned processes as launch/local.py "
+              "--num_processes starts them); sequential = one 1-replica bucket per run, "
+              "compiled once, trained one after another, in both CPU set-ups; each round "
+              "measures every set-up back to back, and a round's speedup is against its "
+              "fastest sequential set-up",
   }
-  table = ["| R | model | set-up | replica-steps/s | speedup |", "|---:|---|---|---:|---:|",
-           f"| {replicas} | {args.model} | sweep over {jax.device_count()} CPU devices"
-           f"{f', {chunk} replicas at a time' if chunk else ''} | "
-           f"{_fmt(result['sweep_replica_steps_per_s'])} | {_fmt(result['speedup'], 2)} |"]
+  table = ["| R | model | set-up | replica-steps/s | speedup |", "|---:|---|---|---:|---:|"]
+  for name, stats in sweep_stats.items():
+    table.append(f"| {replicas} | {args.model} | {name} | "
+                 f"{_fmt(stats['replica_steps_per_s'])} | {_fmt(stats['speedup'], 2)} |")
   for name, r in baselines.items():
-    table.append(f"| {replicas} | {args.model} | sequential, {name} | {_fmt(_stats(r))} | "
-                 f"{_fmt(_stats(sweep_rates / r), 2)} |")
+    table.append(f"| {replicas} | {args.model} | sequential, {name} | {_fmt(_stats(r))} | |")
   return result, table
+
+
+def _chunk_text(chunk):
+  return f", {chunk} replicas at a time" if chunk else ""
 
 
 def device(args):
@@ -268,17 +362,22 @@ def main(argv=None):
   parser.add_argument("--xla_defaults", action="store_true",
                       help="compile with XLA's own CPU defaults (YNNPACK fusions on) instead of "
                            "bindjax.xla_options.CPU_OPTIONS, for comparison")
-  parser.add_argument("--part", choices=["all", "sequential"], default="all",
-                      help="sequential: a worker that times the one-after-another runs on "
-                           "request (lines of steps on stdin, JSON rates on stdout)")
+  parser.add_argument("--processes", type=int, default=1,
+                      help="compare: also run the sweep in this many local processes joined "
+                           "by jax.distributed, each pinned to its share of the cores")
+  parser.add_argument("--part", choices=["all", "sequential", "sweep_process"], default="all",
+                      help="internal: a worker that measures on request (lines of steps on "
+                           "stdin, JSON on stdout)")
+  parser.add_argument("--process_id", type=int, default=0, help="internal (sweep_process)")
+  parser.add_argument("--port", type=int, default=0, help="internal (sweep_process)")
   args = parser.parse_args(argv)
   if args.xla_defaults:
     xla_options.CPU_OPTIONS = {}
   args.cores_as_devices = parallel.use_cpu_cores_as_devices(args.cpu_devices) > 0
   default_replicas = "16" if args.mode == "compare" else "1,8,64"
   args.replicas = [int(r) for r in (args.replicas or default_replicas).split(",")]
-  if args.part == "sequential":
-    serve_sequential(args)
+  if args.part != "all":
+    serve(args, (SequentialPart if args.part == "sequential" else SweepProcessPart)(args))
     return 0
   result, table = compare(args) if args.mode == "compare" else device(args)
   result["machine"] = {"devices": [str(d) for d in jax.devices()], "cpus": os.cpu_count(),
