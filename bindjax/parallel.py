@@ -68,10 +68,11 @@ def available_cores():
 def split_cores(num_processes, cores=None):
   """Disjoint, contiguous groups of `cores` (default: this process's), one per local process.
 
-  Several sweep processes on one CPU host run faster pinned to their own cores
-  (launch/local.py): inside one process, XLA:CPU runs every device's ops on one shared thread
-  pool, so a device's work hops between cores and their caches. Returns None when there are
-  more processes than cores (no pinning then). Group sizes differ by at most one.
+  For several sweep processes on one CPU host (launch/local.py): pinned, each process makes one
+  CPU device per core of its own group and keeps its devices' work there, where inside one
+  process XLA:CPU runs every device's ops on one shared thread pool, so a device's work hops
+  between cores (measured: experiments/benchmarks/sweep_throughput.py --processes). Returns None
+  when there are more processes than cores (no pinning then). Group sizes differ by at most one.
   """
   cores = available_cores() if cores is None else sorted(cores)
   if num_processes < 1:

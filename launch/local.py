@@ -13,6 +13,7 @@ The workdir is dated (ROOT/YYYYmmdd-HHMMSS-coverage_sweep-cpu) unless --workdir 
 resume a killed sweep, pass its workdir).
 """
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -33,10 +34,6 @@ def build_commands(args, extra, workdir):
                         "--noreport"] + (["--noprogress"] if i else [])
                for i in range(args.num_processes)]
   return processes, [bindjax, "report", f"--workdir={workdir}"]
-
-
-def _pin(cores):
-  return lambda: os.sched_setaffinity(0, cores)
 
 
 def parse(argv):
@@ -71,8 +68,10 @@ def main(argv=None):
     return common.run(processes + [report], args.dry_run)
   for command in processes:
     print("+ " + common.quote(command), flush=True)
-  running = [subprocess.Popen(command, preexec_fn=_pin(cores) if cores else None)
-             for command, cores in zip(processes, groups or [None] * len(processes))]
+  running = [
+      subprocess.Popen(command,
+                       preexec_fn=cores and functools.partial(os.sched_setaffinity, 0, cores))
+      for command, cores in zip(processes, groups or [None] * len(processes))]
   codes = [p.wait() for p in running]
   if any(codes):
     print(f"sweep processes exited with {codes}", file=sys.stderr)

@@ -20,6 +20,7 @@ bindjax.models.tower_flops, x3 for forward + backward) against --peak_tflops.
 Writes a Markdown table and JSON to experiments/benchmarks/results/.
 """
 import argparse
+import functools
 import json
 import os
 import platform
@@ -155,12 +156,11 @@ class Worker:
     command += ["--xla_defaults"] if args.xla_defaults else []
     self.process = subprocess.Popen(
         command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        preexec_fn=cores and functools.partial(os.sched_setaffinity, 0, cores))
     self.setup = None
 
   def ready(self):
     self.setup = self.reply()
-    return self.setup
 
   def reply(self):
     line = self.process.stdout.readline()
