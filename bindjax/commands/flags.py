@@ -1,20 +1,70 @@
-"""Shared flag parsing for commands: `--config=FILE:ARG`, `--config.field=value`, `--workdir`.
+"""The command-line policy every `bindjax` command follows, and shared flag parsing.
+
+Policy:
+- A usage error (a bad, missing or conflicting flag or config value, or an output directory
+  that is not empty without `--overwrite`) prints one line to stderr and exits with status 2
+  (`UsageError`).
+- Bad input data (a file or directory the command reads is missing, unreadable or malformed)
+  prints one line and exits with status 1 (`InputError`).
+- Each line starts with the command's name and names the flag, field or file and what was
+  expected.
+- A command that writes checks its output directory (`check_output_dir`) and everything it reads
+  before writing anything, so a failed command leaves no files behind.
 
 Each command builds its own absl FlagValues so commands never share global flag state (tests call
 several commands in one process).
 """
+import contextlib
+import os
 import sys
 
 from absl import flags
 from ml_collections import config_flags
 
+USAGE_ERROR = 2
+INPUT_ERROR = 1
+
+
+def one_line(text):
+  """`text` on one line; of a traceback (config files that fail to load) only its last line."""
+  lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+  if any(line.startswith("Traceback (most recent call last)") for line in lines):
+    lines = lines[-1:]
+  return " ".join(lines)
+
 
 class UsageError(SystemExit):
-  """Bad command line: printed to stderr with exit status 2."""
+  """Bad command line or config value: printed to stderr on one line, exit status 2."""
 
   def __init__(self, message):
-    print(message, file=sys.stderr)
-    super().__init__(2)
+    print(one_line(message), file=sys.stderr)
+    super().__init__(USAGE_ERROR)
+
+
+class InputError(SystemExit):
+  """Bad input data: printed to stderr on one line, exit status 1."""
+
+  def __init__(self, message):
+    print(one_line(message), file=sys.stderr)
+    super().__init__(INPUT_ERROR)
+
+
+@contextlib.contextmanager
+def usage_errors(prog):
+  """Turns a ValueError raised inside the block into a UsageError prefixed with `prog`."""
+  try:
+    yield
+  except ValueError as e:
+    raise UsageError(f"{prog}: {e}") from None
+
+
+@contextlib.contextmanager
+def input_errors(prog):
+  """Turns a ValueError or OSError raised inside the block into an InputError."""
+  try:
+    yield
+  except (ValueError, OSError) as e:
+    raise InputError(f"{prog}: {e}") from None
 
 
 def new_flag_values(with_config=True, with_workdir=True, config_help="experiment config"):
@@ -29,6 +79,12 @@ def new_flag_values(with_config=True, with_workdir=True, config_help="experiment
                         flag_values=flag_values)
   flags.DEFINE_bool("help", False, "show this help", flag_values=flag_values, short_name="h")
   return flag_values
+
+
+def define_overwrite(flag_values):
+  """Adds --overwrite: allow writing into a non-empty output directory."""
+  flags.DEFINE_bool("overwrite", False, "write into a non-empty output directory, replacing "
+                    "what the command writes there", flag_values=flag_values)
 
 
 def parse(flag_values, argv, required=()):
@@ -52,3 +108,29 @@ def parse(flag_values, argv, required=()):
     if flag_values[name].value is None:
       raise UsageError(f"{argv[0]}: --{name} is required")
   return flag_values
+
+
+def check_output_dir(prog, flag, directory, overwrite):
+  """UsageError unless `directory` is absent, empty, or non-empty with overwrite=True.
+
+  `flag` names the flag that gave the directory, for the message.
+  """
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise UsageError(f"{prog}: --{flag}={directory} is a file; expected a directory")
+  if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
+    raise UsageError(f"{prog}: --{flag}={directory} is not empty; expected a new or empty "
+                     "directory, or pass --overwrite")
+
+
+def load_config(path_and_arg):
+  """The ConfigDict of `path/to/file.py[:ARG]`, loaded exactly as `--config=` loads it.
+
+  For tests and scripts that need a preset without a command line. A bad path or argument is a
+  UsageError, as on the command line.
+  """
+  path = path_and_arg.split(":", 1)[0]
+  if not os.path.isfile(path):
+    raise UsageError(f"load_config: config file {path} not found; expected path/to/file.py[:ARG]")
+  flag_values = new_flag_values(with_workdir=False)
+  parse(flag_values, ["load_config", f"--config={path_and_arg}"])
+  return flag_values["config"].value
