@@ -174,7 +174,9 @@ class EmbeddingSet:
 
   # ---------------------------------------------------------------- objects
   def object_ids(self):
-    """Object ids per scene slot and the distinct objects, in SPEC §8 order (of a valid set).
+    """Object ids per scene slot and the distinct objects, in first-appearance order.
+
+    See docs/frozen.md#object-ids.
 
     Returns (scene_object_ids [N, K] int32 with -1 padding, unique_objects [U, C] int32): ids
     number distinct objects by first appearance scanning scenes in order, slot 0 before slot 1.

@@ -1,4 +1,6 @@
-"""Trained dual encoder -> EmbeddingSet (SPEC §12), so every frozen-embedding analysis runs on it.
+"""Trained dual encoder -> EmbeddingSet, so every frozen-embedding analysis runs on it.
+
+Semantics: docs/extraction.md.
 
 Sources: a `bindjax train` workdir (config.json + orbax checkpoints; best checkpoint by default) or
 an original PyTorch checkpoint file (through bindjax.compat.torch_checkpoint, no torch needed).
@@ -93,8 +95,8 @@ def load_reference(path, values_per_concept=None, split_path=None):
   """TrainedModel from an original PyTorch dual-encoder checkpoint file.
 
   values_per_concept: per-concept value counts (default: Σ V_c from the vocabulary shared equally
-  by the C concepts of the query length); split_path: a SPEC §13 split file, needed for
-  objects="train" / "held-out".
+  by the C concepts of the query length); split_path: a split file
+  (docs/file_formats.md#split-files), needed for objects="train" / "held-out".
   """
   from bindjax.compat import torch_checkpoint  # pylint: disable=g-import-not-at-top
   path = os.fspath(path)
@@ -106,7 +108,8 @@ def load_reference(path, values_per_concept=None, split_path=None):
   num_tokens = model.vocab_size - 4
   if num_concepts < 1 or (model.scene_length - 1) % (num_concepts + 2):
     raise ValueError(f"{path}: scene_length={model.scene_length}, query_length="
-                     f"{model.query_length} do not fit SPEC §1 lengths (C+2)·K+1 and C+3")
+                     f"{model.query_length} do not fit the scene and query lengths "
+                     "(C+2)·K+1 and C+3")
   max_objects = (model.scene_length - 1) // (num_concepts + 2)
   if values_per_concept is None:
     if num_tokens % num_concepts:
@@ -171,7 +174,10 @@ def _probe_vectors(trained, q_QxD):
 
 
 def extract(trained, objects="all", single_objects=False, batch_size=4096):
-  """EmbeddingSet of all ordered pairs of the chosen objects (SPEC §12), with probe vectors."""
+  """EmbeddingSet of all ordered pairs of the chosen objects, with probe vectors.
+
+  See docs/extraction.md.
+  """
   space = trained.space
   if space.max_objects < 2:
     raise ValueError(f"scenes are pairs of objects but the model was trained with max_objects="

@@ -1,4 +1,6 @@
-"""Synthetic object world (SPEC §1) and coverage splits (SPEC §2, split files SPEC §13).
+"""Synthetic object world and coverage splits (docs/world.md).
+
+Split files: docs/file_formats.md#split-files.
 
 An object is a tuple of values (v_0, …, v_{C-1}) with v_c < V_c. Its id is mixed-radix
 little-endian, `id = Σ_c v_c Π_{c'<c} V_c'` (= Σ_c v_c V^c for equal V). Concept token of value v of
@@ -277,7 +279,10 @@ class ObjectSpace:
 
 # Coverage splits -----------------------------------------------------------------------------
 def num_train_objects(num_objects, coverage):
-  """SPEC §2: min(max(1, int(|O|·ρ)), |O|-1) for ρ < 1; all objects for ρ = 1."""
+  """min(max(1, int(|O|·ρ)), |O|-1) for ρ < 1; all objects for ρ = 1.
+
+  See docs/world.md#coverage-splits.
+  """
   coverage = check_coverage(coverage)
   if coverage == 1.0:
     return num_objects
@@ -361,7 +366,10 @@ class CoverageSplit:
     return space
 
   def save(self, path, space=None):
-    """Writes the SPEC §13 split .npz atomically (temp file in the same directory + rename)."""
+    """Writes the split .npz atomically (temp file in the same directory + rename).
+
+    Format: docs/file_formats.md#split-files.
+    """
     space = self._space(space)
     path = os.fspath(path)
     if not path.endswith(".npz"):
@@ -380,7 +388,9 @@ class CoverageSplit:
 
   @classmethod
   def load(cls, path, space=None):
-    """Reads and validates a SPEC §13 split file (ours or the reference code's).
+    """Reads and validates a split file, ours or the reference code's.
+
+    Format: docs/file_formats.md#split-files.
 
     values_per_concept comes from the file, else from `space`; seed and coverage from the file's
     scalars, else from the `object_split_seed{S}_frac{F}.npz` file name.
@@ -450,7 +460,10 @@ def split_filename(seed, coverage):
 
 
 def coverage_split(space, coverage, seed):
-  """SPEC §2 split: RandomState(seed).permutation(|O|), first n_train ids are training objects."""
+  """RandomState(seed).permutation(|O|); its first n_train ids are the training objects.
+
+  See docs/world.md#coverage-splits.
+  """
   space.check_enumerable("coverage_split")
   coverage = check_coverage(coverage)
   seed = _check_positive_int("seed", seed, minimum=0)

@@ -6,9 +6,9 @@ expected.json. The other half runs only where torch is importable (never in the 
 torch lives in a separate venv) and checks both directions live.
 
 Regenerate the fixtures (torch 2.13 CPU, in its own venv; the project never depends on torch):
-  PYTHONPATH=. /work/torchvenv/bin/python tests/test_compat_torch_crosscheck.py
+  PYTHONPATH=. TORCH_VENV/bin/python tests/test_compat_torch_crosscheck.py
 Run the live checks too:
-  PYTHONPATH=. /work/torchvenv/bin/python -m pytest tests/test_compat_torch_crosscheck.py -q
+  PYTHONPATH=. TORCH_VENV/bin/python -m pytest tests/test_compat_torch_crosscheck.py -q
 """
 import collections
 import json

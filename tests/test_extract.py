@@ -1,4 +1,7 @@
-"""Extraction of embedding sets from trained dual encoders (SPEC §12), and the end-to-end flow."""
+"""Extraction of embedding sets from trained dual encoders, and the end-to-end flow.
+
+Semantics: docs/extraction.md.
+"""
 import json
 import os
 import shutil
@@ -167,7 +170,7 @@ def test_unusable_workdirs_get_clear_errors_and_nothing_is_written(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# End to end: `bindjax train` (helper C) -> `bindjax extract` -> `bindjax complexity` (helper E).
+# End to end: `bindjax train` -> `bindjax extract` -> `bindjax complexity`.
 
 
 def run_cli(monkeypatch, argv):
@@ -182,9 +185,6 @@ TRAIN_OVERRIDES = ["--config.num_steps=4", "--config.eval.every=2", "--config.ev
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(os.path.join(os.path.dirname(__file__), "..",
-                                                    "experiments", "train.py")),
-                    reason="needs helper C's experiments/train.py and `bindjax train`")
 def test_train_extract_complexity_end_to_end(tmp_path, monkeypatch):
   run = tmp_path / "run"
   assert run_cli(monkeypatch, ["train", "--config=experiments/train.py:smoke",
@@ -205,7 +205,10 @@ def test_train_extract_complexity_end_to_end(tmp_path, monkeypatch):
       "--config.train_fractions=(0.5,)", "--config.steps=50", "--config.eval_every=25",
       f"--workdir={out}"]) == 0
   results = json.loads((out / "results.json").read_text())
-  assert results
+  # One fit per model at fraction 0.5 of the 16 objects: 8 training objects, on all 256 pairs.
+  assert sorted(row["name"] for row in results["rows"]) == ["additive", "product"]
+  assert results["num_scenes"] == 256 and results["num_objects"] == 16
+  assert all(row["num_train_objects"] == 8 for row in results["rows"])
   # A config that no longer matches the checkpoint is reported, not silently restored.
   changed = tmp_path / "changed"
   shutil.copytree(run, changed)

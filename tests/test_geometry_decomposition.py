@@ -1,4 +1,7 @@
-"""Additive decomposition and the subtraction suite (SPEC §10) on planted and real embeddings."""
+"""Additive decomposition and the subtraction suite on planted and real embeddings.
+
+Semantics: docs/geometry.md.
+"""
 import json
 import os
 import sys

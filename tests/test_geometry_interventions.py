@@ -1,4 +1,4 @@
-"""Object-replacement interventions (SPEC §10) and the interventions table."""
+"""Object-replacement interventions (docs/geometry.md#interventions) and the interventions table."""
 import json
 import os
 import random

@@ -1,4 +1,4 @@
-"""MDS of attribute/shape quadruples (SPEC §10) and its figures."""
+"""MDS of attribute/shape quadruples (docs/geometry.md#mds) and its figures."""
 import itertools
 import json
 import os

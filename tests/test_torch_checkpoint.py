@@ -1,4 +1,4 @@
-"""Original PyTorch dual-encoder checkpoints (SPEC §13) <-> bindjax params, checked numerically
+"""Original PyTorch dual-encoder checkpoints <-> bindjax params, checked numerically
 against an independent numpy forward pass with nn.TransformerEncoderLayer(norm_first=True)
 semantics on the torch-layout tensors."""
 import collections
@@ -173,7 +173,7 @@ def test_config_keys_in_upper_case_and_fallbacks():
   _, fields, _ = torch_checkpoint.params_from_state_dicts(_checkpoint(config=config))
   assert (fields["num_heads"], fields["pad_token"], fields["scene_length"],
           fields["query_length"]) == (HEADS, PAD, 9, 5)
-  # No PAD in the config: the last token of the vocabulary (SPEC §1).
+  # No PAD in the config: the last token of the vocabulary (docs/world.md#tokens).
   _, fields, _ = torch_checkpoint.params_from_state_dicts(
       _checkpoint(config={"n_heads": 4, "scene_length": 9, "query_length": 5}))
   assert fields["pad_token"] == VOCAB - 1 and fields["num_heads"] == 4

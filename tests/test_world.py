@@ -1,4 +1,4 @@
-"""Tests for bindjax.world: ids, tokens (SPEC §1), coverage splits, split files (SPEC §2, §13)."""
+"""Tests for bindjax.world: ids, tokens, coverage splits (docs/world.md), split files."""
 import os
 
 import hypothesis

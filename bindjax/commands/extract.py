@@ -1,4 +1,4 @@
-"""`bindjax extract --workdir=RUN --objects=all|train|held-out [--out=DIR]` (SPEC §12).
+"""`bindjax extract --workdir=RUN --objects=all|train|held-out [--out=DIR]` (docs/extraction.md).
 
 Turns a trained dual encoder into an embedding set (native format) with concept and object
 probe vectors, readable by `bindjax probe`, `complexity`, `decompose`, `interventions`, `mds`.
@@ -24,8 +24,8 @@ def main(argv):
                       "--workdir)", flag_values=fv)
   flags.DEFINE_list("values_per_concept", None, "V_c per concept for --checkpoint (default: "
                     "equal split of the vocabulary)", flag_values=fv)
-  flags.DEFINE_string("split", None, "SPEC §13 split file for --checkpoint with --objects="
-                      "train/held-out", flag_values=fv)
+  flags.DEFINE_string("split", None, "split file (object_split_seed{S}_frac{F}.npz) for "
+                      "--checkpoint with --objects=train/held-out", flag_values=fv)
   flags.DEFINE_string("out", None, "output directory (default: WORKDIR/embeddings_<objects>)",
                       flag_values=fv)
   flags.DEFINE_bool("single_objects", False, "also embed each object alone (first rows), e.g. "

@@ -1,4 +1,6 @@
-"""Readers for the folders the original PyTorch code writes (SPEC §13), without torch.
+"""Readers for the folders the original PyTorch code writes, without torch
+(docs/file_formats.md#reference-folders).
+
 
 A reference folder holds `dataset.pkl` (list of scenes), `metadata.json`, an embeddings file
 (`*_embeddings.pkl`: a pickled torch tensor, numpy array or dict with 'embeddings'; or
@@ -139,7 +141,7 @@ def _linear_weights(obj, path):
     if leaf == "bias":
       if value is not None and np.any(np.asarray(value) != 0):
         raise ValueError(f"{path}: probe {prefix!r} has a non-zero bias; bindjax probes are "
-                         "bias-free (SPEC §9)")
+                         "bias-free (docs/probes.md#heads)")
     elif leaf == "weight":
       weight = np.asarray(value, dtype=np.float32)
       if weight.ndim != 2:

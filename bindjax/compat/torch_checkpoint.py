@@ -1,4 +1,5 @@
-"""The original PyTorch dual-encoder checkpoints (SPEC §13) <-> bindjax parameters, without torch.
+"""The original PyTorch dual-encoder checkpoints (docs/file_formats.md#dual-encoder-checkpoints) <->
+bindjax parameters, without torch.
 
 A checkpoint is a dict {"scene_encoder": state_dict, "probe_encoder": state_dict, "tau",
 "config", "global_step"}. Each state dict holds a pre-LN encoder (nn.TransformerEncoderLayer,
@@ -12,8 +13,8 @@ norm_first=True) under these keys:
   transformer_encoder.layers.{i}.norm1/norm2.{weight, bias}
   out_proj.{weight [O, d], bias [O]}
 PyTorch's Linear weights are [out, in]; bindjax kernels are [in, out] (transposed). Fixed
-sinusoidal position buffers (a key ending in "pe"), if present, are checked against SPEC §4 and
-dropped; any other unknown key is an error.
+sinusoidal position buffers (a key ending in "pe"), if present, are checked against the fixed
+table (docs/models.md#pre-ln-tower) and dropped; any other unknown key is an error.
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def _check_positions_buffer(key, value, d_model, name):
       else None
   if table is None or not np.allclose(table, models.sinusoidal_positions(len(table), d_model),
                                       atol=1e-5):
-    raise ValueError(f"{name}: buffer {key!r} is not the fixed sinusoidal table of SPEC §4; "
+    raise ValueError(f"{name}: buffer {key!r} is not the fixed sinusoidal table of the pre-LN "
+                     "tower; "
                      "bindjax cannot represent these positions")
 
 
@@ -99,7 +101,8 @@ def tower_params_from_state_dict(state_dict, name="state_dict"):
     if key.split(".")[-1] == "pe":
       _check_positions_buffer(key, state_dict[key], d_model, name)
     else:
-      raise ValueError(f"{name}: unexpected key {key!r} (only the pre-LN layout of SPEC §13 is "
+      raise ValueError(f"{name}: unexpected key {key!r} (only the pre-LN layout of the original "
+                       "checkpoints is "
                        "supported)")
 
   params = {"embed": {"embedding": embedding_VxD}}
@@ -199,7 +202,8 @@ def params_from_state_dicts(checkpoint, **overrides):
   Widths, layers, vocabulary and similarity come from the tensor shapes (a probe encoder with
   one more output than the scene encoder means "dot"); heads, PAD token and lengths from the
   checkpoint's `config` (keys in any case); `overrides` (ModelConfig fields) win over both.
-  Missing lengths fall back to SPEC §1 ((C+2)·K+1 and C+3) when the config gives C and K.
+  Missing lengths fall back to (C+2)·K+1 and C+3 (docs/world.md#scene-sequences) when the
+  config gives C and K.
   """
   if not isinstance(checkpoint, dict):
     raise ValueError(f"checkpoint: expected a dict, got {type(checkpoint).__name__}")
@@ -234,7 +238,8 @@ def params_from_state_dicts(checkpoint, **overrides):
   if num_heads is not None:
     fields["num_heads"] = num_heads
   pad = _config_int(config, "pad_token")
-  fields["pad_token"] = fields["vocab_size"] - 1 if pad is None else pad  # SPEC §1: PAD last
+  # PAD is the last token (docs/world.md#tokens).
+  fields["pad_token"] = fields["vocab_size"] - 1 if pad is None else pad
   num_concepts = _config_int(config, "num_concepts")
   max_objects = _config_int(config, "max_objects")
   scene_length = _config_int(config, "scene_length")
@@ -265,7 +270,10 @@ def params_from_state_dicts(checkpoint, **overrides):
 
 
 def _check_special_tokens(config, fields):
-  """Special tokens stated in the config must follow SPEC §1 (SOO, EOO, EOS, PAD = last four)."""
+  """Special tokens stated in the config must be SOO, EOO, EOS, PAD, the last four tokens.
+
+  See docs/world.md#tokens.
+  """
   pad = fields["pad_token"]
   lowered = _lowered(config)
   for offset, name in enumerate(_SPECIAL_TOKENS):

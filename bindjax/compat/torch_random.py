@@ -10,7 +10,7 @@ def randperm(n, seed):
 
   PyTorch's CPU generator is MT19937 seeded like numpy's legacy seeding (low 32 bits of the
   seed); randperm swaps r[i] with r[i + draw() % (n - i)] for i = 0..n-2 on raw 32-bit draws
-  (SPEC §8). Returns int64 [n].
+  (docs/frozen.md#pytorch-randperm). Returns int64 [n].
   """
   if isinstance(n, bool) or int(n) != n or not 0 <= n <= _MAX_N:
     raise ValueError(f"randperm: n must be an integer in [0, {_MAX_N}], got {n!r}")

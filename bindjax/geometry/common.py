@@ -1,7 +1,8 @@
-"""Shared pieces of the geometry analyses (SPEC §10): scene index, object banks, retrieval, files.
+"""Shared pieces of the geometry analyses: scene index, object banks, retrieval, files.
 
-Object indices are those of `EmbeddingSet.object_ids()` (SPEC §8 first-appearance order). Banks
-hold one vector per object (obj-avg, single-object) or one per slot and object (pos-avg).
+Semantics: docs/geometry.md. Object indices are those of `EmbeddingSet.object_ids()`
+(first-appearance order, docs/frozen.md#object-ids). Banks hold one vector per object (obj-avg,
+single-object) or one per slot and object (pos-avg).
 """
 import dataclasses
 import os

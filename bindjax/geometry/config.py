@@ -1,6 +1,7 @@
 """Settings of the geometry commands (decompose, interventions, mds) as one ConfigDict.
 
-Presets: "paper" (SPEC §10 defaults), "cpu" (same, fewer probe/fit steps), "smoke" (seconds).
+Presets: "paper" (the defaults of docs/geometry.md), "cpu" (same, fewer probe/fit steps),
+"smoke" (seconds).
 `experiments/geometry.py` exposes them to `--config`; without `--config` the commands use "paper".
 """
 import ml_collections

@@ -1,4 +1,6 @@
-"""Additive decomposition of 2-object scene embeddings and the subtraction suite (SPEC §10).
+"""Additive decomposition of 2-object scene embeddings and the subtraction suite.
+
+Semantics: docs/geometry.md#additive-fits and docs/geometry.md#subtraction-suite.
 
 On the centred 2-object embeddings y (mean of the 2-object scenes removed):
 - object model  ŷ = E_slot0[o1] + E_slot1[o2];
@@ -11,7 +13,8 @@ estimates are centred by the mean single-object embedding). The base probes scor
 reconstruction, and each reconstruction retrieves its own scene (cosine top-1 among the real
 centred 2-object embeddings).
 
-Subtraction suite: §9 probes fitted on the base embeddings y, on y − concept reconstruction, on
+Subtraction suite: linear probes (docs/probes.md) fitted on the base embeddings y, on
+y − concept reconstruction, on
 y − object reconstruction, and on two controls that subtract the same models evaluated at
 permuted ids (a random derangement of object ids, resp. of each concept's values), so the
 subtracted vectors have the right magnitude but the wrong content. All five probe runs are fitted

@@ -1,4 +1,4 @@
-"""Object-replacement interventions by vector arithmetic (SPEC §10).
+"""Object-replacement interventions by vector arithmetic (docs/geometry.md#interventions).
 
 Recolouring object i of a 2-object scene to attribute t: `ẑ = z − k·(u[a_i, s_i] − u[t, s_i])`, u
 an object bank (obj-avg, pos-avg with the edited slot's table, or single-object scenes). The edit
@@ -43,7 +43,7 @@ class InterventionConfig:
   target_draws: str = "per_scene"
   pool: str = "all"
   tie_tolerance: float = 1e-6
-  probes: str = "auto"              # stored probe vectors if the set has them, else fit §9 probes
+  probes: str = "auto"              # stored probe vectors if the set has them, else fitted ones
   probe: linear.ProbeConfig = linear.ProbeConfig()
 
 
@@ -135,7 +135,7 @@ def enumerate_cases(embedding_set, index, config):
 
 def concept_probe_weights(embedding_set, config):
   """(concept probe matrices [V_c, D] per concept, source): the set's stored probe vectors
-  ("stored") or §9 probes fitted on the set ("fitted"); (None, None) for probes="none"."""
+  ("stored") or linear probes fitted on the set ("fitted"); (None, None) for probes="none"."""
   num_concepts = len(embedding_set.values_per_concept)
   stored = embedding_set.probes or {}
   if config.probes == "none":

@@ -1,4 +1,4 @@
-"""MDS geometry of attribute/shape quadruples (SPEC §10).
+"""MDS geometry of attribute/shape quadruples (docs/geometry.md#mds).
 
 A quadruple names two attributes a, b and two shapes x, y. Its points, all from the centred
 2-object embeddings (mean of the 2-object scenes removed): attribute means (scenes holding the

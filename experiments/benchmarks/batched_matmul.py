@@ -1,8 +1,8 @@
 """XLA CPU: a replica-batched matmul (what vmap makes of a Linear layer) vs the same matmuls alone.
 
-  .venv/bin/python experiments/benchmarks/batched_matmul.py
+  python experiments/benchmarks/batched_matmul.py
 
-Why the sweep's gain over one-after-another runs is bounded on CPU (issue 6): vmapping R replicas
+Why the sweep's gain over one-after-another runs is bounded on CPU: vmapping R replicas
 turns every Linear layer into one dot with a batch dimension, [R,N,D] x [R,D,F]. On this stack
 (jax 0.10 CPU, ops on one thread as `bindjax sweep` runs them) that dot runs at a fraction of
 the FLOP rate of the R separate [N,D] x [D,F] dots. Times the batched dot (forward and the
@@ -27,7 +27,6 @@ import numpy as np  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
-sys.path.insert(0, REPO)
 from bindjax import files  # noqa: E402
 
 # (name, N rows, D in, F out): the cpu preset (batch 128 × 36 scene tokens, d_model 64, d_ff 256).

@@ -1,25 +1,26 @@
-"""Reference speed: one eager PyTorch training step of the SPEC §4 pre-LN dual encoder on CPU.
+"""Reference speed: one eager PyTorch training step of the pre-LN dual encoder on CPU.
 
-The yardstick for issue 3 ("bindjax's step, data included, at least as fast as eager PyTorch's
-model step alone"). Our own PyTorch code of SPEC §4-§6: two towers (token embedding + sinusoidal
+The yardstick for train_step.py (bindjax's step, data included, against eager PyTorch's model
+step alone). Our own PyTorch code of docs/models.md, docs/objectives.md and docs/training.md: two
+towers (token embedding + sinusoidal
 positions, 6 x nn.TransformerEncoderLayer(norm_first=True, gelu, batch_first, no dropout),
 EOS read-out, linear to d_out), cosine logits with the capped learnable temperature, soft
 cross-entropy over active rows (concept + object loss), AdamW with warm-up/decay. float32,
-torch.set_num_threads(2), fixed random batches built like SPEC §3 (C=2, V=20, K=2: 512 scenes of
+torch.set_num_threads(2), fixed random batches built like docs/sampling.md (C=2, V=20, K=2: 512 scenes of
 length 9, queries of length 5); data generation is NOT timed.
 
 It needs torch, which the project never depends on: run it from the repository root with the
-CPU wheel in its own venv (python3 -m venv /work/torchvenv; /work/torchvenv/bin/pip install
+CPU wheel in its own venv (python3 -m venv TORCH_VENV; TORCH_VENV/bin/pip install
 torch==2.13.0 numpy):
-  /work/torchvenv/bin/python experiments/benchmarks/torch_reference_step.py
-  /work/torchvenv/bin/python experiments/benchmarks/torch_reference_step.py --repeats=7 --steps=3
+  TORCH_VENV/bin/python experiments/benchmarks/torch_reference_step.py
+  TORCH_VENV/bin/python experiments/benchmarks/torch_reference_step.py --repeats=7 --steps=3
 
 Rows: the query-set sizes of the original code on this config (all 40 concept tokens: C=2, V=20
-has no more, though SPEC §3 caps at 64; ~300 object queries = 64 positives + ~256 swap
+has no more, though the sampler caps them at 64; ~300 object queries = 64 positives + ~256 swap
 negatives, deduplicated) and bindjax's static padded sizes (40 concept, 400 object slots).
 Each row: `warmup` steps, then `repeats` runs of `steps` steps; a run's s/step is its wall time
 over its steps; the table shows the median over runs with min/max. Also reports parameters per
-tower (SPEC: 7,918,144), an analytic FLOP count per step (matmuls and attention, backward = 2x
+tower (docs/models.md#parameter-count: 7,918,144), an analytic FLOP count per step (matmuls and attention, backward = 2x
 forward) with the achieved GFLOP/s, process CPU seconds per step (less sensitive to other
 processes than wall time, though 2 threads spinning on a busy machine inflate it too), and the
 1/5/15-minute load average before and after each row, because this machine is shared. Writes JSON
@@ -41,7 +42,7 @@ from torch import nn
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "torch_reference_step.json")
 
-# SPEC §1 tokens for C=2 concepts of V=20 values, K=2 objects per scene.
+# Tokens (docs/world.md#tokens) for C=2 concepts of V=20 values, K=2 objects per scene.
 NUM_CONCEPTS, NUM_VALUES, MAX_OBJECTS = 2, 20, 2
 SOO = NUM_CONCEPTS * NUM_VALUES
 EOO, EOS, PAD = SOO + 1, SOO + 2, SOO + 3
@@ -75,7 +76,7 @@ class Tower(nn.Module):
     self.out = nn.Linear(d_model, d_out)
     for name, param in self.named_parameters():
       if param.dim() == 2:
-        nn.init.xavier_uniform_(param)  # in_proj_weight is one [3d, d] matrix, as in SPEC §4
+        nn.init.xavier_uniform_(param)  # in_proj_weight is one [3d, d] matrix (docs/models.md)
       elif name.endswith("in_proj_bias") or name.endswith("out_proj.bias"):
         nn.init.zeros_(param)
 
@@ -103,7 +104,7 @@ class DualEncoder(nn.Module):
 
 
 def soft_cross_entropy(logits_BxQ, labels_BxQ):
-  """SPEC §5: mean over rows with a positive of -sum_j t_j log_softmax_j, t = labels / sum."""
+  """Soft cross-entropy (docs/objectives.md): mean over rows with a positive of -sum_j t_j log_softmax_j, t = labels / sum."""
   active_B = labels_BxQ.sum(1) > 0
   targets_BxQ = labels_BxQ / (labels_BxQ.sum(1, keepdim=True) + 1e-10)
   loss_B = -(targets_BxQ * torch.log_softmax(logits_BxQ, dim=1)).sum(1)
@@ -111,7 +112,7 @@ def soft_cross_entropy(logits_BxQ, labels_BxQ):
 
 
 def make_batch(rng, batch_size, num_concept_queries, num_object_queries):
-  """Fixed random scenes and query sets shaped like SPEC §3 (not timed)."""
+  """Fixed random scenes and query sets shaped like docs/sampling.md (not timed)."""
   count_B = rng.integers(1, MAX_OBJECTS + 1, batch_size)
   values_BxKxC = rng.integers(0, NUM_VALUES, (batch_size, MAX_OBJECTS, NUM_CONCEPTS))
   offsets_C = np.arange(NUM_CONCEPTS) * NUM_VALUES
@@ -248,7 +249,7 @@ def main():
           f"{row['min_s_per_step']:>7.3f} {row['max_s_per_step']:>7.3f} "
           f"{row['median_cpu_s_per_step']:>10.3f} {row['median_gflops_per_s']:>8.1f}  "
           f"{row['load_average_after'][0]:.1f}", flush=True)
-  print(f"parameters per tower: {rows[0]['params_per_tower']:,} (SPEC §4: 7,918,144)")
+  print(f"parameters per tower: {rows[0]['params_per_tower']:,} (expected 7,918,144)")
   result = {
       "benchmark": "torch_reference_step", "torch_version": torch.__version__,
       "threads": torch.get_num_threads(), "platform": platform.platform(),
