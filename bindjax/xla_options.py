@@ -5,7 +5,8 @@ changes:
 
 - CPU: XLA:CPU's YNNPACK library fusions are turned off. They take this project's small dots,
   batched dots and reductions (layer norms, softmax), where XLA's own kernels were faster on a
-  2-core EPYC VM (experiments/benchmarks/results/, `--xla_defaults` runs for comparison): the
+  2-core EPYC VM (`--xla_defaults` runs of train_step.py and sweep_throughput.py, kept in the git
+  history of experiments/benchmarks/results/): the
   small-model sweep 2020–2550 vs 1660 replica-steps/s, the cpu preset's model 1.5× in an
   interleaved run, the published model's single step 3.1 vs 3.6 s; a single small run was the
   same within noise. An explicit --xla_cpu_experimental_ynn_fusion_type in XLA_FLAGS wins.
