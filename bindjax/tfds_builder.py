@@ -21,7 +21,7 @@ import shutil
 import numpy as np
 import tensorflow_datasets as tfds
 
-from bindjax import embeddings as embeddings_lib
+from bindjax import embedding_set as embeddings_lib
 from bindjax import files
 
 NAME = "bindjax_embeddings"

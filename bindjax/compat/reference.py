@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from bindjax import embeddings as embeddings_lib
+from bindjax import embedding_set as embeddings_lib
 from bindjax.compat import safe_pickle
 from bindjax.compat import torch_format
 

@@ -218,12 +218,6 @@ def _rebuild_from_type_v2(func, new_type, args, state):
   return func(*args)
 
 
-def _load_from_bytes(raw):
-  # Storages pickled on their own (pickle.dump(tensor)) carry a nested legacy torch.save stream.
-  from bindjax.compat import torch_format  # pylint: disable=g-import-not-at-top
-  return torch_format.load_bytes(raw)
-
-
 def _np_reconstruct(subtype, shape, dtype):
   if subtype is not np.ndarray:
     raise pickle.UnpicklingError(f"numpy array subclass {subtype!r} is not supported")
@@ -268,7 +262,6 @@ def _allowed_globals():
       "torch._utils._rebuild_parameter": _rebuild_parameter,
       "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
       "torch._tensor._rebuild_from_type_v2": _rebuild_from_type_v2,
-      "torch.storage._load_from_bytes": _load_from_bytes,
       "torch.Tensor": TorchClass("torch.Tensor"),
       "torch._tensor.Tensor": TorchClass("torch.Tensor"),
       "torch.nn.parameter.Parameter": TorchClass("torch.nn.Parameter"),
@@ -299,11 +292,17 @@ ALLOWED_GLOBALS = _allowed_globals()
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-  """pickle.Unpickler resolving only ALLOWED_GLOBALS; `persistent_load` optional."""
+  """pickle.Unpickler resolving only ALLOWED_GLOBALS plus `extra_globals`.
 
-  def __init__(self, file, persistent_load=None, **kwargs):
+  `persistent_load` is optional. `extra_globals` ({"module.qualname": object}) lets a caller that
+  knows a format add its own safe handlers (torch_format adds the one for nested torch.save
+  streams).
+  """
+
+  def __init__(self, file, persistent_load=None, extra_globals=None, **kwargs):
     super().__init__(file, **kwargs)
     self._persistent_load = persistent_load
+    self._globals = {**ALLOWED_GLOBALS, **(extra_globals or {})}
 
   def find_class(self, module, name):
     # Python 2 names (protocol <= 2 pickles), mapped as pickle itself does.
@@ -312,9 +311,9 @@ class RestrictedUnpickler(pickle.Unpickler):
     else:
       module = _compat_pickle.IMPORT_MAPPING.get(module, module)
     qualified = f"{module}.{name}"
-    if qualified not in ALLOWED_GLOBALS:
+    if qualified not in self._globals:
       raise RefusedGlobalError(qualified)
-    return ALLOWED_GLOBALS[qualified]
+    return self._globals[qualified]
 
   def persistent_load(self, pid):
     if self._persistent_load is None:
@@ -323,14 +322,16 @@ class RestrictedUnpickler(pickle.Unpickler):
     return self._persistent_load(pid)
 
 
-def load(file_or_bytes, persistent_load=None):
+def load(file_or_bytes, persistent_load=None, extra_globals=None):
   """Unpickles one object from a binary file, bytes or a path, allowing only safe globals.
 
   Raises RefusedGlobalError (a pickle.UnpicklingError) naming the first disallowed global.
+  `extra_globals` as in RestrictedUnpickler.
   """
   if isinstance(file_or_bytes, (bytes, bytearray, memoryview)):
     file_or_bytes = io.BytesIO(file_or_bytes)
   if isinstance(file_or_bytes, (str, bytes)) or hasattr(file_or_bytes, "__fspath__"):
     with open(file_or_bytes, "rb") as f:
-      return RestrictedUnpickler(f, persistent_load, encoding="latin1").load()
-  return RestrictedUnpickler(file_or_bytes, persistent_load, encoding="latin1").load()
+      return RestrictedUnpickler(f, persistent_load, extra_globals, encoding="latin1").load()
+  return RestrictedUnpickler(file_or_bytes, persistent_load, extra_globals,
+                             encoding="latin1").load()

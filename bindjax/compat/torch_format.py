@@ -57,6 +57,11 @@ def load_bytes(raw):
   return _load_stream(io.BytesIO(raw))
 
 
+# A storage pickled on its own (pickle.dump(tensor)) carries a whole torch.save stream; its
+# handler needs this module, so it is added here rather than in safe_pickle's table.
+_NESTED_STREAMS = {"torch.storage._load_from_bytes": load_bytes}
+
+
 def _load_zip(archive):
   pickles = sorted((n for n in archive.namelist() if n.endswith("data.pkl")),
                    key=lambda n: n.count("/"))
@@ -77,7 +82,7 @@ def _load_zip(archive):
     return storages[key]
 
   with archive.open(pickles[0]) as f:
-    return safe_pickle.load(io.BytesIO(f.read()), persistent_load)
+    return safe_pickle.load(io.BytesIO(f.read()), persistent_load, _NESTED_STREAMS)
 
 
 def _check_pid(pid, length):
@@ -101,7 +106,7 @@ def _module_class(pid):
 
 def _load_stream(f):
   start = f.tell()
-  first = safe_pickle.load(f)
+  first = safe_pickle.load(f, extra_globals=_NESTED_STREAMS)
   if not (isinstance(first, int) and first == LEGACY_MAGIC):
     return first
   protocol = safe_pickle.load(f)
@@ -122,7 +127,7 @@ def _load_stream(f):
     _, storage_type, key, _, _, _ = _check_pid(pid, 6)
     storage_types[key] = storage_type
 
-  _DryRunUnpickler(f, record, encoding="latin1").load()
+  _DryRunUnpickler(f, record, _NESTED_STREAMS, encoding="latin1").load()
   keys = safe_pickle.load(f)
   count_format = "<q" if byteorder == "little" else ">q"
   roots = {}
@@ -150,7 +155,7 @@ def _load_stream(f):
     return safe_pickle.Storage(storage_type, roots[key].data[int(offset):int(offset) + int(size)])
 
   f.seek(object_start)
-  obj = safe_pickle.load(f, persistent_load)
+  obj = safe_pickle.load(f, persistent_load, _NESTED_STREAMS)
   f.seek(data_end)
   return obj
 
