@@ -188,12 +188,14 @@ def test_import_command(tmp_path, capsys):
   np.testing.assert_array_equal(es.embeddings, expected.embeddings)
   np.testing.assert_array_equal(es.probes["object"], expected.probes["object"])
   assert es.captions == expected.captions and es.provenance == expected.provenance
-  assert cli.main(["import", f"--reference={DATA}", f"--out={out}"]) == 1
-  assert "--overwrite" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as e:   # a non-empty --out is a usage error
+    cli.main(["import", f"--reference={DATA}", f"--out={out}"])
+  assert e.value.code == 2 and "--overwrite" in capsys.readouterr().err
   assert cli.main(["import", f"--reference={DATA}", f"--out={out}", "--overwrite"]) == 0
   assert embeddings.read_embeddings(out).num_scenes == 600
-  assert cli.main(["import", f"--reference={tmp_path}", f"--out={tmp_path / 'o'}"]) == 1
-  assert "metadata.json missing" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as e:   # bad input data
+    cli.main(["import", f"--reference={tmp_path}", f"--out={tmp_path / 'o'}"])
+  assert e.value.code == 1 and "metadata.json missing" in capsys.readouterr().err
   with pytest.raises(SystemExit) as e:
     cli.main(["import", f"--out={out}"])
   assert e.value.code == 2

@@ -161,12 +161,13 @@ def test_unusable_workdirs_get_clear_errors_and_nothing_is_written(tmp_path):
     before = listing(run)
     with pytest.raises(ValueError, match=message):
       extract.load_workdir(run)
-    code = extract_command.main(["bindjax extract", f"--workdir={run}"])
-    assert code == 1 and listing(run) == before, name
-  with pytest.raises(SystemExit):
-    extract_command.main(["bindjax extract"])
-  with pytest.raises(SystemExit):
-    extract_command.main(["bindjax extract", f"--workdir={empty}", "--checkpoint=x.pt"])
+    with pytest.raises(SystemExit) as e:
+      extract_command.main(["bindjax extract", f"--workdir={run}"])
+    assert e.value.code == 1 and listing(run) == before, name
+  for argv in (["bindjax extract"], ["bindjax extract", f"--workdir={empty}", "--checkpoint=x.pt"]):
+    with pytest.raises(SystemExit) as e:
+      extract_command.main(argv)
+    assert e.value.code == 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -196,8 +197,10 @@ def test_train_extract_complexity_end_to_end(tmp_path, monkeypatch):
   assert es.provenance["checkpoint"] == "best"
   held = embeddings.read_embeddings(run / "embeddings_held-out")
   assert held.num_scenes == (16 - world.num_train_objects(16, 0.75)) ** 2 == 16
-  # Refuses to overwrite.
-  assert run_cli(monkeypatch, ["extract", f"--workdir={run}", "--objects=all"]) == 1
+  # Refuses to write into the non-empty output directory: a usage error.
+  with pytest.raises(SystemExit) as e:
+    run_cli(monkeypatch, ["extract", f"--workdir={run}", "--objects=all"])
+  assert e.value.code == 2
   out = tmp_path / "complexity"
   assert run_cli(monkeypatch, [
       "complexity", "--config=experiments/complexity.py:smoke",

@@ -203,9 +203,10 @@ def test_command_and_table(tmp_path, monkeypatch, capsys):
   assert markdown[3] == "| indep | model_indep | 0.00 | 0.00 | – |"
   latex = (out / "interventions_table.tex").read_text()
   assert r"\begin{tabular}{llccc}" in latex and r"indep & model\_indep & 0.00 & 0.00 & --" in latex
-  code = table_command.main(["bindjax interventions-table", f"--summaries={tmp_path / 'nope'}",
-                             f"--workdir={tmp_path / 'tables2'}"])
-  assert code == 1 and not (tmp_path / "tables2").exists()
+  with pytest.raises(SystemExit) as e:
+    table_command.main(["bindjax interventions-table", f"--summaries={tmp_path / 'nope'}",
+                        f"--workdir={tmp_path / 'tables2'}"])
+  assert e.value.code == 1 and not (tmp_path / "tables2").exists()
   md, _ = interventions.summary_table([interventions.load_summary(tmp_path / "run_dep")],
                                       strength=2, metric="retrieval_order_insensitive")
   assert "| dep | model_dep |" in md

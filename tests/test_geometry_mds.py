@@ -121,6 +121,8 @@ def test_command_writes_json_and_figures(tmp_path, monkeypatch):
   argv = ["bindjax mds", f"--embeddings={DATA}", f"--workdir={bad}",
           "--quadruple=red,blue,cube,sphere", "--quadruple=red,pink,cube,sphere"]
   monkeypatch.setattr(sys, "argv", argv)
-  assert mds_command.main(argv) == 1 and not bad.exists()
+  with pytest.raises(SystemExit) as e:
+    mds_command.main(argv)
+  assert e.value.code == 2 and not bad.exists()
   with pytest.raises(ValueError, match="at least one"):
     mds_plots.plot_grid([], str(tmp_path / "x.png"))

@@ -6,7 +6,6 @@ Default output: RUN/embeddings_<objects>. An original PyTorch checkpoint works t
 `bindjax extract --checkpoint=FILE.pt --out=DIR [--split=object_split_seed0_frac0.8000.npz]`.
 """
 import os
-import sys
 
 from absl import flags
 
@@ -14,7 +13,7 @@ from bindjax.commands import flags as flags_lib
 
 
 def main(argv):
-  """Runs the command; returns the exit code."""
+  """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
   fv = flags_lib.new_flag_values(with_config=False)
   flags.DEFINE_enum("objects", "all", ["all", "train", "held-out"], "objects whose ordered pairs "
                     "are embedded", flag_values=fv)
@@ -30,34 +29,39 @@ def main(argv):
                       flag_values=fv)
   flags.DEFINE_bool("single_objects", False, "also embed each object alone (first rows), e.g. "
                     "for the single-object intervention bank", flag_values=fv)
-  flags.DEFINE_integer("batch_size", 4096, "scenes per tower call", flag_values=fv)
-  flags.DEFINE_bool("overwrite", False, "replace --out if it exists", flag_values=fv)
+  flags.DEFINE_integer("batch_size", 4096, "scenes per tower call", lower_bound=1,
+                       flag_values=fv)
+  flags_lib.define_overwrite(fv)
   flags_lib.parse(fv, argv)
+  prog = argv[0]
   workdir, checkpoint = fv["workdir"].value, fv["checkpoint"].value
   if (workdir is None) == (checkpoint is None):
-    raise flags_lib.UsageError(f"{argv[0]}: pass exactly one of --workdir (bindjax run) or "
+    raise flags_lib.UsageError(f"{prog}: pass exactly one of --workdir (bindjax run) or "
                                "--checkpoint (PyTorch file)")
   out = fv["out"].value
   if out is None:
     if workdir is None:
-      raise flags_lib.UsageError(f"{argv[0]}: --out is required with --checkpoint")
+      raise flags_lib.UsageError(f"{prog}: --out is required with --checkpoint")
     out = os.path.join(workdir, f"embeddings_{fv['objects'].value}")
+  flags_lib.check_output_dir(prog, "out", out, fv["overwrite"].value)
+  values = fv["values_per_concept"].value
+  with flags_lib.usage_errors(prog):
+    try:
+      values = values and [int(v) for v in values]
+    except ValueError:
+      raise ValueError(f"--values_per_concept={','.join(values)}: expected integers") from None
   from bindjax import extract  # pylint: disable=g-import-not-at-top
-  try:
-    if os.path.exists(out) and not fv["overwrite"].value:
-      raise ValueError(f"{out} exists; pass --overwrite to replace it")
+  with flags_lib.input_errors(prog):
     if workdir is not None:
       trained = extract.load_workdir(workdir, fv["which"].value)
     else:
-      values = fv["values_per_concept"].value
-      trained = extract.load_reference(checkpoint, values and [int(v) for v in values],
-                                       fv["split"].value)
+      trained = extract.load_reference(checkpoint, values, fv["split"].value)
+  with flags_lib.usage_errors(prog):   # e.g. --objects=train without a split
+    extract.object_ids_for(trained, fv["objects"].value)
+  with flags_lib.input_errors(prog):
     embedding_set = extract.extract(trained, fv["objects"].value, fv["single_objects"].value,
                                     fv["batch_size"].value)
-    embedding_set.save(out, overwrite=fv["overwrite"].value)
-  except ValueError as e:
-    print(f"{argv[0]}: {e}", file=sys.stderr)
-    return 1
+  embedding_set.save(out, overwrite=True)
   print(f"{out}: {embedding_set.num_scenes} scenes x {embedding_set.dim} dims from "
         f"{len(embedding_set.provenance['object_ids'])} objects ({fv['objects'].value}), "
         f"step {trained.step}; probes {sorted(embedding_set.probes)}")

@@ -100,7 +100,9 @@ def parse(flag_values, argv, required=()):
   finally:
     sys.argv = saved_argv
   if flag_values["help"].value:
-    print(flag_values.main_module_help() or flag_values.get_help())
+    # get_help, not main_module_help: the flags are defined in several modules (this one and the
+    # command's), and main_module_help shows only one of them.
+    print(flag_values.get_help())
     raise SystemExit(0)
   if len(rest) > 1:
     raise UsageError(f"{argv[0]}: unexpected arguments {rest[1:]}")
