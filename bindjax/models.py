@@ -32,6 +32,7 @@ import numpy as np
 VARIANTS = ("pre_ln", "clip")
 SIMILARITIES = ("cosine", "dot")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+PRODUCT_READOUTS = ("none", "query", "both")
 LAYER_NORM_EPS = 1e-5
 NORM_EPS = 1e-6  # ẑ = z / (NORM_EPS + ‖z‖)
 
@@ -79,6 +80,7 @@ class ModelConfig:
   train_logit_cap: float = 10.0
   eval_logit_cap: float = 100.0
   compute_dtype: str = "float32"
+  product_readout: str = "none"
 
   def __post_init__(self):
     self.validate()
@@ -108,6 +110,13 @@ class ModelConfig:
     _check_choice("variant", self.variant, VARIANTS)
     _check_choice("similarity", self.similarity, SIMILARITIES)
     _check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
+    _check_choice("product_readout", self.product_readout, PRODUCT_READOUTS)
+    if self.product_readout != "none" and (
+        self.query_length < 4 or (self.scene_length - 1) % (self.query_length - 1)):
+      raise ValueError(
+          f"ModelConfig.product_readout={self.product_readout!r}: needs the token layout of "
+          f"bindjax.world (query_length = C + 3, scene_length = (C + 2)·K + 1), got "
+          f"query_length={self.query_length}, scene_length={self.scene_length}")
     if self.d_model % self.num_heads:
       raise ValueError(f"ModelConfig.num_heads={self.num_heads}: expected a divisor of "
                        f"d_model={self.d_model}")
@@ -134,6 +143,21 @@ class ModelConfig:
   @property
   def dtype(self):
     return jnp.dtype(self.compute_dtype)
+
+  @property
+  def num_concepts(self) -> int:
+    """C of the token layout (object query [SOO, tok_0 … tok_{C-1}, EOO, EOS])."""
+    return self.query_length - 3
+
+  @property
+  def soo_token(self) -> int:
+    """The start-of-object token, three below PAD in bindjax.world's vocabulary."""
+    return self.pad_token - 3
+
+  def has_product_readout(self, tower) -> bool:
+    """Whether `tower` ("scene" or "query") adds the per-object product read-out."""
+    return self.product_readout == "both" or (self.product_readout == "query" and
+                                               tower == "query")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,6 +359,7 @@ class Tower(nn.Module):
   config: ModelConfig
   out_features: int
   max_length: int
+  product_readout: bool = False
 
   @nn.compact
   def __call__(self, tokens_BxL):
@@ -361,6 +386,8 @@ class Tower(nn.Module):
     eos_B = eos_positions(tokens_BxL, cfg.pad_token)
     for i in range(cfg.num_layers - 1):
       x_BxLxD = Block(cfg, name=f"block_{i}")(x_BxLxD, key_valid_BxL)
+    product_BxD = (ObjectProduct(cfg, name="product")(x_BxLxD, tokens_BxL)
+                   if self.product_readout else None)
     x_BxD = Block(cfg, name=f"block_{cfg.num_layers - 1}")(x_BxLxD, key_valid_BxL, eos_B)
     if clip:
       x_BxD = _layer_norm("final_norm")(x_BxD)
@@ -369,7 +396,38 @@ class Tower(nn.Module):
     else:
       proj = Linear(d, self.out_features, _xavier, _torch_linear_bias_init(d), cfg.dtype,
                     name="proj")
+    if product_BxD is not None:
+      x_BxD = x_BxD + product_BxD
     return proj(x_BxD).astype(jnp.float32)
+
+
+class ObjectProduct(nn.Module):
+  """Σ over the objects of a sequence of Π over concepts of a per-concept code: [B, d_model].
+
+  The explicit multiplicative interaction of `ModelConfig.product_readout`
+  (docs/models.md#product-read-out). Objects sit at fixed positions of bindjax.world's layout
+  (object k: SOO at k·(C+2), concept c at k·(C+2)+1+c); an object is present when its SOO
+  token is. Concept c's code is W_c·LN(h) at its token, h being the hidden states that enter
+  the last block (the embeddings when there is one block); the sum of products is added to the
+  EOS row before the output projection. Sequences without objects (concept queries) get 0.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, h_BxLxD, tokens_BxL):
+    cfg = self.config
+    c, d = cfg.num_concepts, cfg.d_model
+    stride = c + 2
+    num_objects = (tokens_BxL.shape[1] - 1) // stride
+    starts_K = np.arange(num_objects) * stride
+    present_BxK = tokens_BxL[:, starts_K] == cfg.soo_token
+    positions_KxC = starts_K[:, None] + 1 + np.arange(c)[None, :]
+    h_BxKxCxD = _layer_norm("norm")(h_BxLxD[:, positions_KxC.reshape(-1)]).reshape(
+        h_BxLxD.shape[0], num_objects, c, d)
+    codes_BxKxCxD = jnp.einsum("bkcd,cde->bkce", h_BxKxCxD.astype(cfg.dtype),
+                               self.param("codes", _xavier, (c, d, d)).astype(cfg.dtype))
+    product_BxKxD = jnp.prod(codes_BxKxCxD.astype(jnp.float32), axis=2)
+    return jnp.einsum("bkd,bk->bd", product_BxKxD, present_BxK.astype(jnp.float32))
 
 
 class DualEncoder(nn.Module):
@@ -382,8 +440,10 @@ class DualEncoder(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.scene_tower = Tower(cfg, cfg.d_out, cfg.scene_length)
-    self.query_tower = Tower(cfg, cfg.query_out_features, cfg.query_length)
+    self.scene_tower = Tower(cfg, cfg.d_out, cfg.scene_length,
+                             cfg.has_product_readout("scene"))
+    self.query_tower = Tower(cfg, cfg.query_out_features, cfg.query_length,
+                             cfg.has_product_readout("query"))
     self.tau = self.param("tau", nn.initializers.constant(cfg.tau_init), (), jnp.float32)
 
   def __call__(self, scene_tokens_BxL, query_tokens_QxL):
@@ -412,6 +472,17 @@ def similarity_logits(config, tau, z_BxD, q_QxD, cap):
   q_QxD = q_QxD / (NORM_EPS + jnp.linalg.norm(q_QxD, axis=-1, keepdims=True))
   scale = jnp.minimum(jnp.exp(tau), cap)
   return scale * (z_BxD @ q_QxD.T)
+
+
+def paired_logits(config, tau, z_BxD, q_BxNxD, cap):
+  """Logits [B, N] of each scene against its own N queries (same similarity as above)."""
+  z_BxD = z_BxD.astype(jnp.float32)
+  q_BxNxD = q_BxNxD.astype(jnp.float32)
+  if config.similarity == "dot":
+    return jnp.einsum("bd,bnd->bn", z_BxD, q_BxNxD[..., :-1]) + q_BxNxD[..., -1]
+  z_BxD = z_BxD / (NORM_EPS + jnp.linalg.norm(z_BxD, axis=-1, keepdims=True))
+  q_BxNxD = q_BxNxD / (NORM_EPS + jnp.linalg.norm(q_BxNxD, axis=-1, keepdims=True))
+  return jnp.minimum(jnp.exp(tau), cap) * jnp.einsum("bd,bnd->bn", z_BxD, q_BxNxD)
 
 
 @functools.partial(jax.jit, static_argnums=1)

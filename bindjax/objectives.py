@@ -6,6 +6,7 @@ count (active scenes). They are pure and vmappable over any leading axis.
 """
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _TARGET_EPS = 1e-10
 
@@ -63,6 +64,28 @@ def accuracy_by_count(correct_B, row_mask_B, num_objects_B, max_objects):
   rows_K = in_count_KxB.sum(-1)
   per_count_K = (in_count_KxB * correct_B[None, :]).sum(-1) / jnp.maximum(rows_K, 1)
   return masked_mean(correct_B, row_mask_B), per_count_K, rows_K
+
+
+def cross_objects(a_BxC, b_BxC):
+  """Values [B, 2^C − 2, C] of the objects that mix the values of objects a and b.
+
+  Mix m takes concept c from b where bit c of m is set, else from a; the two unmixed objects
+  (a itself and b itself) are left out. For C = 2 these are (a0, b1) and (b0, a1).
+  """
+  c = a_BxC.shape[-1]
+  bits_MxC = (np.arange(1, 2 ** c - 1)[:, None] >> np.arange(c)[None, :]) & 1
+  return jnp.where(jnp.asarray(bits_MxC, bool)[None], b_BxC[:, None, :], a_BxC[:, None, :])
+
+
+def binding_scenes(objects_BxKxC, num_objects_B):
+  """bool [B]: 2-object scenes whose objects differ in every concept (binding decides them)."""
+  a_BxC, b_BxC = objects_BxKxC[:, 0], objects_BxKxC[:, 1]
+  return (num_objects_B == 2) & jnp.all(a_BxC != b_BxC, axis=-1)
+
+
+def binding_correct(positive_logits_BxP, cross_logits_BxX):
+  """bool [B]: every positive (the scene's objects) strictly above every cross object."""
+  return positive_logits_BxP.min(-1) > cross_logits_BxX.max(-1)
 
 
 def two_object_binding(logits_BxQ, labels_BxQ, query_mask_Q, query_ids_Q, objects_BxKxC,

@@ -29,6 +29,7 @@ from bindjax import world
 
 SPLITS = ("train", "test")
 SWAP_CONCEPTS = ("any", "differing")
+TRAIN_QUERIES = ("all", "train")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,10 @@ class SamplerConfig:
   swap_concepts: "any" draws the swapped concept uniformly (SPEC §3; when both objects share that
   value the "negative" is the source object itself); "differing" draws it among the concepts where
   the two objects differ, and makes no swap negative for two identical objects.
+  train_queries: which objects training batches may query. "all" (the original code's default):
+  any object, so a swap negative can be a held-out object. "train": training objects only;
+  built negatives are drawn from the training objects and swap negatives that are held-out
+  objects are dropped (their slots stay masked). Test batches always query all objects.
   """
   batch_size: int
   max_concept_queries: int = 64
@@ -45,6 +50,7 @@ class SamplerConfig:
   swaps_per_scene: int = 1
   built_negatives_per_positive: int = 0
   swap_concepts: str = "any"
+  train_queries: str = "all"
 
   def __post_init__(self):
     for name, minimum in (("batch_size", 1), ("max_concept_queries", 1),
@@ -57,6 +63,9 @@ class SamplerConfig:
     if self.swap_concepts not in SWAP_CONCEPTS:
       raise ValueError(f"SamplerConfig.swap_concepts must be one of {SWAP_CONCEPTS}, got "
                        f"{self.swap_concepts!r}")
+    if self.train_queries not in TRAIN_QUERIES:
+      raise ValueError(f"SamplerConfig.train_queries must be one of {TRAIN_QUERIES}, got "
+                       f"{self.train_queries!r}")
 
   def num_concept_queries(self, space):
     """Qc: static number of concept-query slots."""
@@ -321,16 +330,33 @@ def _swap_negatives(words, count_B, objects_BxKxC, space, sampler):
   return jnp.where(valid_BxS, ids_BxS, space.num_objects), concept_BxS, i_BxS, j_BxS
 
 
-def _object_queries(words, count_B, ids_BxK, objects_BxKxC, space, sampler):
-  """Object-query tokens [Qo, Lq], ids [Qo] (-1 padded), mask [Qo] and labels [B, Qo]."""
+def _training_objects(permutation_O, num_train, space):
+  """bool [|O|]: which object ids are training objects (permutation_O[:num_train])."""
+  is_train_O = jnp.arange(space.num_objects, dtype=jnp.int32) < num_train
+  return jnp.zeros((space.num_objects,), bool).at[permutation_O].set(is_train_O)
+
+
+def _object_queries(words, count_B, ids_BxK, objects_BxKxC, permutation_O, num_train, space,
+                    sampler, training_only):
+  """Object-query tokens [Qo, Lq], ids [Qo] (-1 padded), mask [Qo] and labels [B, Qo].
+
+  training_only: queries are training objects only (`SamplerConfig.train_queries="train"` on a
+  training batch): built negatives come from the training objects, held-out swaps are dropped.
+  """
   sentinel = space.num_objects
   positive_P = _positive_candidates(words, ids_BxK, space, sampler)
   candidates = [positive_P]
   if sampler.num_swap_negatives(space):
     swap_BxS = _swap_negatives(words, count_B, objects_BxKxC, space, sampler)[0]
+    if training_only:
+      is_train_O = _training_objects(permutation_O, num_train, space)
+      swap_BxS = jnp.where(is_train_O[jnp.minimum(swap_BxS, sentinel - 1)], swap_BxS, sentinel)
     candidates.append(swap_BxS.reshape(-1))
   if sampler.built_negatives_per_positive:
-    built_PxN = _below(words["built"], space.num_objects)
+    if training_only:
+      built_PxN = jnp.take(permutation_O, _below(words["built"], jnp.maximum(num_train, 1)))
+    else:
+      built_PxN = _below(words["built"], space.num_objects)
     built_PxN = jnp.where(positive_P[:, None] < sentinel, built_PxN, sentinel)
     candidates.append(built_PxN.reshape(-1))
   candidates_N = jnp.concatenate(candidates)
@@ -357,7 +383,8 @@ def _sample_batch(key, permutation_O, num_train, space, sampler, split):
   concept_tokens, concept_mask, concept_labels = _concept_queries(
       words, objects_BxKxC, slot_mask_BxK, space, sampler)
   object_tokens, object_ids, object_mask, object_labels = _object_queries(
-      words, count_B, ids_BxK, objects_BxKxC, space, sampler)
+      words, count_B, ids_BxK, objects_BxKxC, permutation_O, num_train, space, sampler,
+      training_only=split == "train" and sampler.train_queries == "train")
   return SceneBatch(
       scene_tokens_BxL=space.scene_tokens(objects_BxKxC, count_B),
       objects_BxKxC=objects_BxKxC,
@@ -404,7 +431,8 @@ def sample_batch(key, permutation_O, num_train, *, space, sampler, split):
       the rest. An array (not a shape), so different coverages never retrace.
     space, sampler: static ObjectSpace and SamplerConfig.
     split: "train" draws scene objects from the training objects, "test" from the held-out ones.
-      Queries (swap and built negatives) range over all objects in both.
+      Queries (swap and built negatives) range over all objects in both, except in "train"
+      batches with `sampler.train_queries="train"`, whose queries are training objects only.
 
   Pure and jit-compiled; vmap over `key` and/or (`permutation_O`, `num_train`) freely.
   """

@@ -55,10 +55,10 @@ def default_config():
   c.model = ml_collections.ConfigDict(dict(
       d_model=256, num_heads=4, num_layers=6, d_ff=2048, d_out=64, variant="pre_ln",
       similarity="cosine", tau_init=1.15, train_logit_cap=10.0, eval_logit_cap=100.0,
-      compute_dtype="float32"))
+      compute_dtype="float32", product_readout="none"))
   c.sampler = ml_collections.ConfigDict(dict(
       batch_size=512, max_concept_queries=64, max_positive_queries=64, swaps_per_scene=1,
-      built_negatives_per_positive=0, swap_concepts="any"))
+      built_negatives_per_positive=0, swap_concepts="any", train_queries="all"))
   c.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=3e-5, weight_decay=0.1, b1=0.9, b2=0.999, eps=1e-8, warmup_fraction=0.1))
   c.num_steps = 50_000
@@ -307,7 +307,33 @@ def forward(params, batch, config, cap):
     out[f"{name}_correct_B"] = objectives.set_separation_correct(logits, labels, query_mask)
     out[f"{name}_active_B"] = active
   out["loss"] = out["concept_loss"] + out["object_loss"]
+  out["z_BxD"] = z_BxD
   return out
+
+
+def binding(params, batch, z_BxD, config, space, cap):
+  """Per scene: (binding scene, bound) bools [B] (docs/objectives.md#binding).
+
+  A binding scene holds two objects that differ in every concept; it is bound when the scene
+  scores both of its objects strictly above every cross object (an object mixing the two
+  objects' values: 2 for C = 2). The cross objects are encoded here, whether or not the batch's
+  query set holds them.
+  """
+  if space.max_objects < 2:
+    false_B = jnp.zeros(batch.num_objects_B.shape, bool)
+    return false_B, false_B
+  a_BxC, b_BxC = batch.objects_BxKxC[:, 0], batch.objects_BxKxC[:, 1]
+  candidates_BxNxC = jnp.concatenate(
+      [a_BxC[:, None], b_BxC[:, None], objectives.cross_objects(a_BxC, b_BxC)], axis=1)
+  b, n = candidates_BxNxC.shape[:2]
+  tokens_BNxLq = space.object_query_tokens(
+      space.object_ids(jnp.maximum(candidates_BxNxC, 0)).reshape(-1))
+  q_BNxD = models.DualEncoder(config).apply(
+      {"params": params}, tokens_BNxLq, method=models.DualEncoder.encode_queries)
+  logits_BxN = models.paired_logits(config, params["tau"], z_BxD,
+                                    q_BNxD.reshape(b, n, -1), cap)
+  scenes_B = objectives.binding_scenes(batch.objects_BxKxC, batch.num_objects_B)
+  return scenes_B, scenes_B & objectives.binding_correct(logits_BxN[:, :2], logits_BxN[:, 2:])
 
 
 def train_step(state, hyper, spec, scene_sharding=None):
@@ -361,6 +387,10 @@ def _evaluate(params, key, permutation_O, num_train, spec, split, scene_sharding
       result[f"{name}_accuracy_K"] = per_count_K
       result[f"{name}_rows_K"] = rows_K
       result[f"{name}_active"] = out[f"{name}_active_B"].mean()
+    scenes_B, bound_B = binding(params, batch, out["z_BxD"], spec.model, spec.space,
+                                spec.model.eval_logit_cap)
+    result["binding"] = objectives.masked_mean(bound_B, scenes_B)
+    result["binding_scenes"] = scenes_B.sum()
     return result
 
   per_batch = jax.lax.map(one_batch, jax.random.split(key, spec.eval_batches))
@@ -375,6 +405,11 @@ def _evaluate(params, key, permutation_O, num_train, spec, split, scene_sharding
       metrics[f"{name}_accuracy_{count + 1}obj"] = per_count_K[count]
     metrics[f"{name}_loss"] = per_batch[f"{name}_loss"].mean()
     metrics[f"{name}_active_fraction"] = per_batch[f"{name}_active"].mean()
+  # Binding: mean over the batches that hold binding scenes.
+  has_scenes_N = (per_batch["binding_scenes"] > 0).astype(jnp.float32)
+  metrics["binding"] = ((per_batch["binding"] * has_scenes_N).sum() /
+                        jnp.maximum(has_scenes_N.sum(), 1.0))
+  metrics["binding_scenes"] = per_batch["binding_scenes"].sum().astype(jnp.float32)
   metrics["loss"] = metrics["concept_loss"] + metrics["object_loss"]
   return metrics
 

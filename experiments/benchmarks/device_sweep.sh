@@ -1,19 +1,95 @@
 #!/usr/bin/env bash
-# One-GPU sweep benchmark: replica-steps/s and model FLOP utilisation for R in {1, 8, 64} at the
-# paper model size (d_model 256, 6 layers, batch 512), float32 and bfloat16 matmuls.
-#   bash experiments/benchmarks/device_sweep.sh            (needs jax with CUDA in $PYTHON's env)
-# Results: experiments/benchmarks/results/device_sweep_paper{,_bf16}.{md,json} (and $OUT if set).
-set -euo pipefail
+# The paper-scale sweep on one accelerator, in one call:
+#   1. jax with CUDA if missing (pip, when a package index is reachable; wheels in ./.whl/ are
+#      installed first, for machines without one);
+#   2. the throughput table: replica-steps/s and model FLOP utilisation for R in {1, 8, 64} of the
+#      published towers (d_model 256, 6 layers, batch 512) with bfloat16 matmuls;
+#   3. the gpu_quick coverage sweep (experiments/coverage_sweep.py:gpu_quick), its step count set
+#      from the R=8 rate so that training takes about QUICK_SECONDS, then its report.
+# Everything lands in $OUT (default runs/device_sweep): the throughput table (.md/.json), the
+# sweep's results.jsonl, summary.csv and report/, and device_sweep.log.
+#
+#   bash experiments/benchmarks/device_sweep.sh            # GPU machine: both stages
+#   bash experiments/benchmarks/device_sweep.sh throughput # or quick: one stage
+#   DEVICE_SWEEP_CPU=1 bash experiments/benchmarks/device_sweep.sh   # CPU fallback: tiny model
+# The quick stage sizes its steps from $OUT/throughput.json when there is one, else it keeps the
+# preset's step count.
+#
+# Without a GPU (or with DEVICE_SWEEP_CPU=1) the same three steps run on a tiny model for seconds,
+# which is what the test suite checks.
+set -uo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-.venv/bin/python}
-PEAK_BF16=${PEAK_TFLOPS_BF16:-989}   # H200/H100 SXM dense bf16
-PEAK_TF32=${PEAK_TFLOPS_TF32:-494}   # dense tf32 (XLA's default float32 matmul precision on GPU)
-export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
+STAGE=${1:-all}
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ "$PYTHON" = python3 ] && PYTHON=.venv/bin/python
+OUT=${OUT:-runs/device_sweep}
+QUICK_SECONDS=${QUICK_SECONDS:-300}
+PEAK_BF16=${PEAK_TFLOPS_BF16:-989}   # H100/H200 SXM dense bfloat16
 export PYTHONUNBUFFERED=1
-"$PYTHON" -c "import jax; print(jax.devices())"
-timeout 280 "$PYTHON" experiments/benchmarks/sweep_throughput.py --mode=device --model=paper \
-  --replicas=1,8,64 --steps=10 --repeats=3 --peak_tflops="$PEAK_TF32"
-timeout 250 "$PYTHON" experiments/benchmarks/sweep_throughput.py --mode=device --model=paper \
-  --replicas=1,8,64 --steps=10 --repeats=3 --peak_tflops="$PEAK_BF16" --dtype=bfloat16 \
-  --out=experiments/benchmarks/results/device_sweep_paper_bf16
-if [ -n "${OUT:-}" ]; then cp experiments/benchmarks/results/device_sweep_paper* "$OUT"/; fi
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/device_sweep.log") 2>&1
+
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/bindjax_site \
+    .whl/*.whl && export PYTHONPATH=/tmp/bindjax_site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+backend() { "$PYTHON" -c "import jax; print(jax.default_backend())" 2>/dev/null; }
+if [ "${DEVICE_SWEEP_CPU:-0}" != 1 ] && [ "$(backend)" != gpu ] && command -v nvidia-smi >/dev/null; then
+  echo "installing jax with CUDA"
+  PIP=("$PYTHON" -m pip install -q -U --timeout 20 --retries 1)
+  "${PIP[@]}" "jax[cuda13]" || "${PIP[@]}" "jax[cuda12]" ||
+    echo "could not install jax with CUDA: running the CPU fallback"
+fi
+if [ "${DEVICE_SWEEP_CPU:-0}" = 1 ] || [ "$(backend)" != gpu ]; then
+  echo "no GPU: CPU fallback on a tiny model"
+  MODEL=small; REPLICAS=1,2; STEPS=2; REPEATS=1; PRESET=smoke; MIN_STEPS=10
+  QUICK_SECONDS=${QUICK_SECONDS_CPU:-1}
+  EXTRA=(--config.grid.spaces='(2,4),' --config.grid.coverages=0.5 --config.grid.seeds=0
+         --config.eval.batches=1)
+  export JAX_PLATFORMS=cpu
+else
+  MODEL=paper; REPLICAS=1,8,64; STEPS=10; REPEATS=3; PRESET=gpu_quick; MIN_STEPS=100; EXTRA=()
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+fi
+"$PYTHON" -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
+
+if [ "$STAGE" != quick ]; then
+timeout "${THROUGHPUT_SECONDS:-300}" "$PYTHON" experiments/benchmarks/sweep_throughput.py --mode=device --model=$MODEL \
+  --replicas=$REPLICAS --steps=$STEPS --repeats=$REPEATS --peak_tflops="$PEAK_BF16" \
+  --dtype=bfloat16 --out="$OUT/throughput"
+fi
+[ "$STAGE" = throughput ] && exit 0
+
+# Steps for the quick sweep: QUICK_SECONDS of training at the measured rate of the bucket size
+# closest to the sweep's, rounded down to a multiple of MIN_STEPS (at least MIN_STEPS).
+STEPS_QUICK=$("$PYTHON" - "$OUT/throughput.json" "$PRESET" "$QUICK_SECONDS" "$MIN_STEPS" \
+  "${EXTRA[@]}" <<'EOF'
+import json, sys
+from bindjax import sweep
+from bindjax.commands import flags
+path, preset, seconds, least = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+overrides = sys.argv[5:]
+fv = flags.new_flag_values(with_workdir=False)
+flags.parse(fv, ["steps", f"--config=experiments/coverage_sweep.py:{preset}", *overrides])
+replicas = len(sweep.expand_grid(fv["config"].value)[0])
+try:
+  rows = json.load(open(path))["rows"]
+  row = min(rows, key=lambda r: abs(r["replicas"] - replicas))
+  steps = seconds * row["replica_steps_per_s"] / replicas
+except (OSError, KeyError, ValueError):
+  steps = fv["config"].value.num_steps
+print(max(least, int(steps) // least * least))
+EOF
+)
+[ -n "$STEPS_QUICK" ] || { echo "could not size the quick sweep"; exit 1; }
+echo "quick sweep: $STEPS_QUICK steps"
+EVERY=$(( STEPS_QUICK / 10 > 0 ? STEPS_QUICK / 10 : 1 ))
+timeout $(( QUICK_SECONDS * 3 + 120 )) "$PYTHON" -m bindjax.cli sweep \
+  --config=experiments/coverage_sweep.py:$PRESET --workdir="$OUT/quick" --overwrite \
+  --config.num_steps="$STEPS_QUICK" --config.eval.every="$EVERY" \
+  --config.checkpoint.every="$STEPS_QUICK" --config.log_every="$EVERY" "${EXTRA[@]}"
+status=$?
+"$PYTHON" -m bindjax.cli report --workdir="$OUT/quick" --step=final || status=1
+exit $status

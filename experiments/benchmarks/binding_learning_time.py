@@ -1,0 +1,165 @@
+"""Learning time of binding: steps until a model binds the scenes it trains on, by |O| and model.
+
+  .venv/bin/python experiments/benchmarks/binding_learning_time.py             # CPU default
+  python experiments/benchmarks/binding_learning_time.py --sizes=4,6,10,20 \
+      --models=cpu,cpu_product,paper --steps=10000 --eval_every=250          # accelerator
+
+Every replica trains at coverage 1 (every object is a training object), so nothing is held out
+and the question is only whether, and after how many steps, the towers learn to bind: the
+binding figure (docs/objectives.md#binding) on training scenes, i.e. the fraction of two-object
+scenes with objects that differ in every concept in which the scene scores both of its objects
+above both cross objects. For each (|O|, model) the table gives the first evaluation step at
+which the figure reaches --target (mean over seeds), its final value, and the set-separation
+accuracy on two-object scenes. One sweep (bindjax.sweep) runs the whole grid; models and sizes
+are buckets, seeds are replicas.
+
+Writes experiments/benchmarks/results/binding_learning_time.{md,json,png} (or --out).
+"""
+import argparse
+import collections
+import os
+import platform
+import time
+
+from bindjax import files
+from bindjax import parallel
+from bindjax.commands import flags as bj_flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
+# Model settings by name: the cpu preset's towers, with and without the product read-out, a
+# deeper variant, and the published towers (d_model 256, 6 layers) in bfloat16.
+MODELS = {
+    "cpu": dict(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32),
+    "cpu_product": dict(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
+                        product_readout="both"),
+    "cpu_product_query": dict(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
+                              product_readout="query"),
+    "deep": dict(d_model=64, num_heads=4, num_layers=4, d_ff=256, d_out=32),
+    "paper": dict(d_model=256, num_heads=4, num_layers=6, d_ff=2048, d_out=64,
+                  compute_dtype="bfloat16"),
+    "paper_product": dict(d_model=256, num_heads=4, num_layers=6, d_ff=2048, d_out=64,
+                          compute_dtype="bfloat16", product_readout="both"),
+}
+
+
+def make_config(args):
+  """The sweep config of the benchmark's grid."""
+  config = bj_flags.load_config(os.path.join(REPO, "experiments", "coverage_sweep.py") + ":cpu")
+  config.grid.spaces = tuple((2, v) for v in args.sizes)
+  config.grid.coverages = (1.0,)
+  config.grid.seeds = tuple(range(args.seeds))
+  config.grid.learning_rates = (args.learning_rate,)
+  config.grid.models = tuple(dict(name=name, **MODELS[name]) for name in args.models)
+  config.num_steps = args.steps
+  config.eval.every = args.eval_every
+  config.checkpoint.every = args.steps
+  config.log_every = args.eval_every
+  return config
+
+
+def learning_times(rows, target):
+  """Per (|O|, model): steps to reach `target` train/binding (seed mean), final values."""
+  curves = collections.defaultdict(lambda: collections.defaultdict(list))
+  for row in rows:
+    if row.get("kind") == "eval" and row.get("train/binding") is not None:
+      curves[(row["space_size"], row["model"])][row["step"]].append(row)
+  table = []
+  for (size, model), by_step in sorted(curves.items()):
+    steps = sorted(by_step)
+    mean = {s: sum(r["train/binding"] for r in by_step[s]) / len(by_step[s]) for s in steps}
+    acc2 = {s: sum(r["train/object_accuracy_2obj"] for r in by_step[s]) / len(by_step[s])
+            for s in steps}
+    reached = [s for s in steps if mean[s] >= target]
+    table.append({"space_size": size, "model": model, "seeds": len(by_step[steps[-1]]),
+                  "steps_to_target": reached[0] if reached else None,
+                  "final_step": steps[-1], "final_binding": mean[steps[-1]],
+                  "final_object_accuracy_2obj": acc2[steps[-1]],
+                  "curve": [[s, mean[s]] for s in steps]})
+  return table
+
+
+def markdown(result):
+  lines = [f"# Binding learning time (coverage 1, target train/binding >= {result['target']})",
+           "", f"`{result['command']}`", "",
+           f"{result['devices']}; {result['replica_steps']:,} replica-steps in "
+           f"{result['wall_seconds']:.0f} s; load before: {result['load_before']}", "",
+           "| \\|O\\| | model | seeds | steps to target | final step | final binding | "
+           "final 2-obj accuracy |", "|---:|---|---:|---:|---:|---:|---:|"]
+  for r in result["table"]:
+    reached = r["steps_to_target"] if r["steps_to_target"] is not None else "not reached"
+    lines.append(f"| {r['space_size']} | {r['model']} | {r['seeds']} | {reached} | "
+                 f"{r['final_step']} | {r['final_binding']:.3f} | "
+                 f"{r['final_object_accuracy_2obj']:.3f} |")
+  return "\n".join(lines) + "\n"
+
+
+def plot(table, target, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  models = sorted({r["model"] for r in table})
+  fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False,
+                           sharey=True)
+  for ax, model in zip(axes[0], models):
+    for r in (r for r in table if r["model"] == model):
+      steps, values = zip(*r["curve"])
+      ax.plot(steps, values, marker=".", label=f"|O|={r['space_size']}")
+    ax.axhline(target, color="grey", lw=0.8, ls="--")
+    ax.set_title(model)
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+  axes[0][0].set_ylabel("binding on training scenes")
+  fig.tight_layout()
+  files.save_figure(fig, path, dpi=120)
+  plt.close(fig)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--sizes", default="4,6,10,20",
+                      help="comma list of V (C = 2, so |O| = V^2)")
+  parser.add_argument("--models", default="cpu,cpu_product", help=f"of {sorted(MODELS)}")
+  parser.add_argument("--steps", type=int, default=3000)
+  parser.add_argument("--eval_every", type=int, default=250)
+  parser.add_argument("--seeds", type=int, default=1)
+  parser.add_argument("--learning_rate", type=float, default=1e-3)
+  parser.add_argument("--target", type=float, default=0.9)
+  parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "binding_learning_time"))
+  parser.add_argument("--out", default=os.path.join(RESULTS, "binding_learning_time"))
+  args = parser.parse_args()
+  args.sizes = [int(v) for v in args.sizes.split(",")]
+  args.models = args.models.split(",")
+  unknown = [m for m in args.models if m not in MODELS]
+  if unknown:
+    parser.error(f"--models: unknown {unknown}; expected names from {sorted(MODELS)}")
+  config = make_config(args)
+  parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
+  import jax
+  from bindjax import sweep
+
+  load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+  t0 = time.perf_counter()
+  done = sweep.run_sweep(config, args.workdir, overwrite=True, progress=True)
+  wall = time.perf_counter() - t0
+  table = learning_times(files.read_jsonl(os.path.join(args.workdir, sweep.RESULTS_FILE)),
+                         args.target)
+  devices = jax.devices()
+  result = {
+      "command": "python experiments/benchmarks/binding_learning_time.py " + " ".join(
+          f"--{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+          for k, v in vars(args).items() if k not in ("workdir", "out")),
+      "devices": f"{len(devices)} × {devices[0].device_kind} ({platform.node()})",
+      "load_before": [round(x, 2) for x in load_before] if load_before else None,
+      "wall_seconds": wall, "compile_seconds": done["compile_seconds"],
+      "replica_steps": done["replica_steps"], "target": args.target, "table": table}
+  text = markdown(result)
+  print(text)
+  files.write_json(args.out + ".json", files.to_jsonable(result))
+  files.write_atomic(args.out + ".md", text)
+  plot(table, args.target, args.out + ".png")
+
+
+if __name__ == "__main__":
+  main()
