@@ -41,9 +41,11 @@ def get_config(arg="smoke"):
   c.steps = 4000
   c.eval_every = 100
   c.schedule = "constant"       # the original's effective schedule; "cosine" decays to 0
+  # Evaluations after steps 1, 101, …, 3901 as in the original ("end": after 100, …, 4000).
+  c.eval_cadence = "original"
   c.chunk_size = "auto"         # auto | none | an integer number of models per chunk
   c.memory_bytes = 0            # 0: the device's memory
-  c.trees = "trees" in options  # also fit tree approximators (bindjax.probes.trees)
+  c.trees = "trees" in options  # also fit tree approximators (bindjax.complexity.trees)
   c.tree_models = "random_forest"
   c.tree_estimators = 100
   c.overwrite = False
@@ -54,6 +56,7 @@ def get_config(arg="smoke"):
     c.eval_every = 50
     c.probe_steps = 500
     c.schedule = "cosine"
+    c.eval_cadence = "end"
     c.tree_estimators = 20
   elif preset == "cpu":
     c.steps = 1000

@@ -13,9 +13,9 @@ def main(argv):
   """Runs the command; returns the exit code."""
   fv = flags_lib.new_flag_values(config_help="complexity config (experiments/complexity.py:ARG)")
   flags_lib.parse(fv, argv, required=("config", "workdir"))
-  from bindjax import complexity  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
   try:
-    complexity.run(fv["config"].value, fv["workdir"].value)
+    analysis.run(fv["config"].value, fv["workdir"].value)
   except (ValueError, FileExistsError) as e:
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1

@@ -13,26 +13,6 @@ from absl import flags
 from bindjax.commands import flags as flags_lib
 
 
-def load_embedding_set(directory):
-  """A native or TFDS-built embedding set, or a folder written by the original code."""
-  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
-  return embeddings.read_embeddings(directory)
-
-
-def write_probes(probes, metrics, workdir):
-  """Writes probes.npz and probe_metrics.json atomically; returns their paths."""
-  import io  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from bindjax import files  # pylint: disable=g-import-not-at-top
-  buffer = io.BytesIO()
-  np.savez(buffer, **probes)
-  probes_path = os.path.join(workdir, "probes.npz")
-  metrics_path = os.path.join(workdir, "probe_metrics.json")
-  files.write_atomic(probes_path, buffer.getvalue())
-  files.write_json(metrics_path, metrics, indent=1)
-  return probes_path, metrics_path
-
-
 def main(argv):
   """Runs the command; returns the exit code."""
   fv = flags_lib.new_flag_values(with_config=False, with_workdir=True)
@@ -46,6 +26,7 @@ def main(argv):
   flags.DEFINE_integer("seed", 0, "split (torch-compatible randperm) and init seed",
                        flag_values=fv)
   flags_lib.parse(fv, argv, required=("embeddings",))
+  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
   from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
   directory = fv["embeddings"].value
   workdir = fv["workdir"].value or directory
@@ -54,13 +35,13 @@ def main(argv):
                                 similarity=fv["similarity"].value,
                                 train_fraction=fv["train_fraction"].value,
                                 seed=fv["seed"].value).validate()
-    embedding_set = load_embedding_set(directory)
+    embedding_set = embeddings.read_embeddings(directory)
   except ValueError as e:
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1
   probes, metrics = linear.run_probes(embedding_set, config)
   metrics["embeddings"] = os.path.abspath(directory)
-  probes_path, metrics_path = write_probes(probes, metrics, workdir)
+  probes_path, metrics_path = linear.write_probes(probes, metrics, workdir)
   for split in ("train", "test"):
     m = metrics[split]
     print(f"{split}: concept acc {m['concept_acc']:.3f}  object acc {m['object_acc']:.3f}  "

@@ -10,7 +10,10 @@ Concept heads of different V_c are padded to max V_c and masked, so all heads li
 """
 import dataclasses
 import functools
+import io
 import math
+import os
+import zipfile
 
 import flax
 import jax
@@ -18,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bindjax import files
 from bindjax import objectives
 
 SIMILARITIES = ("dot", "cosine")
@@ -315,6 +319,42 @@ def probes_to_weights(probes, values_per_concept):
     concept[c, :v] = w
   return ProbeWeights(jnp.asarray(concept), jnp.asarray(probes["object"], jnp.float32),
                       jnp.zeros(len(values_per_concept) + 1, jnp.float32))
+
+
+PROBES_FILE = "probes.npz"
+METRICS_FILE = "probe_metrics.json"
+
+
+def write_probes(probes, metrics, workdir):
+  """Writes workdir/probes.npz and workdir/probe_metrics.json atomically; returns their paths."""
+  buffer = io.BytesIO()
+  np.savez(buffer, **probes)
+  probes_path = os.path.join(workdir, PROBES_FILE)
+  metrics_path = os.path.join(workdir, METRICS_FILE)
+  files.write_atomic(probes_path, buffer.getvalue())
+  files.write_json(metrics_path, files.to_jsonable(metrics), indent=1)
+  return probes_path, metrics_path
+
+
+def read_probes_file(path):
+  """Probe vectors of a probes.npz as `bindjax probe` writes it ({head name: [Q, D] array}).
+
+  Raises ValueError naming the file when it is missing or not an npz of arrays.
+  """
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      return {k: f[k] for k in f.files}
+  except (OSError, ValueError, zipfile.BadZipFile, AttributeError) as e:
+    raise ValueError(f"probes file {path}: expected a probes.npz written by `bindjax probe` "
+                     f"({type(e).__name__}: {e})") from None
+
+
+def weights_from_file(path, values_per_concept):
+  """ProbeWeights (dot scoring) of a probes.npz; ValueError naming the file on a bad file."""
+  try:
+    return probes_to_weights(read_probes_file(path), values_per_concept)
+  except ValueError as e:
+    raise ValueError(f"probes file {path}: {e}" if str(path) not in str(e) else str(e)) from None
 
 
 def to_python(metrics):

@@ -5,7 +5,7 @@ r"""Benchmark: the paper's complexity grid as one batch vs one fit at a time vs 
 
 The grid: train fractions 0.1..0.9 × {MLP 1024, product, sum+product}, lr 1e-2 (27 fits) on a
 CLEVR-sized synthetic embedding set (24 objects, all 576 ordered pairs, D=512). Three ways:
-  batch       `complexity.fit_grid`: a jit(vmap) per approximator shape (3 programs, 9 models)
+  batch       `fitting.fit_grid`: a jit(vmap) per approximator shape (3 programs, 9 models)
   sequential  the same code one model at a time (`fit_models` with M=1; compiled once per shape)
   processes   a separate `bindjax complexity` process per fit (how the original code runs them);
               with --process_samples=S < 27 only S processes run (one per family first) and the
@@ -34,9 +34,9 @@ VALUES = (8, 3)
 
 def synthetic_set(dim, seed=0):
   """CLEVR-sized set: per-object vectors, their sum per scene plus a product term and noise."""
-  from bindjax import complexity  # pylint: disable=g-import-not-at-top
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
-  objects, ids = complexity.all_scenes(VALUES, 2)
+  from bindjax.complexity import data as data_lib  # pylint: disable=g-import-not-at-top
+  objects, ids = data_lib.all_scenes(VALUES, 2)
   rng = np.random.default_rng(seed)
   vectors = rng.normal(size=(24, dim))
   emb = vectors[ids].sum(1) + 0.5 * vectors[ids[:, 0]] * vectors[ids[:, 1]]
@@ -62,27 +62,29 @@ def config_for(args, models, fractions, embeddings_dir):
 
 def child(args):
   """Runs one way in this process; prints a JSON line with seconds and peak memory."""
-  from bindjax import complexity  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import data as data_lib  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import families  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import fitting  # pylint: disable=g-import-not-at-top
   from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
   eset = synthetic_set(args.dim)
-  data, _ = complexity.from_set(eset)
+  data, _ = data_lib.from_set(eset)
   probes = linear.probes_to_weights(eset.probes, VALUES)
-  fit_config = complexity.FitConfig(steps=args.steps, eval_every=min(100, args.steps),
+  fit_config = fitting.FitConfig(steps=args.steps, eval_every=min(100, args.steps),
                                     schedule="constant")
-  models = complexity.parse_models(MODELS, VALUES, 2, args.dim)
-  entries = complexity.grid_entries(models, FRACTIONS, [0], [1e-2])
+  models = families.parse_models(MODELS, VALUES, 2, args.dim)
+  entries = fitting.grid_entries(models, FRACTIONS, [0], [1e-2])
   start = time.perf_counter()
   infos = []
   if args.child == "batch":
-    rows, infos = complexity.fit_grid(entries, data, probes, fit_config)
+    rows, infos = fitting.fit_grid(entries, data, probes, fit_config)
   else:
     rows = []
     for entry in entries:
-      points = complexity.make_points(data.num_unique, [entry.train_fraction], [entry.seed],
+      points = data_lib.make_points(data.num_unique, [entry.train_fraction], [entry.seed],
                                       [entry.learning_rate])
-      history, info = complexity.fit_models(entry.model, data, probes, points, fit_config)
+      history, info = fitting.fit_models(entry.model, data, probes, points, fit_config)
       infos.append(info)
-      rows += complexity.summarize(history, fit_config)
+      rows += fitting.summarize(history, fit_config)
   seconds = time.perf_counter() - start
   print(json.dumps({
       "seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
