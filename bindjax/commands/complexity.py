@@ -6,16 +6,19 @@ DIR/results.csv, DIR/results.json and DIR/complexity.png.
 """
 import sys
 
+from absl import flags
+
 from bindjax.commands import flags as flags_lib
 
 
 def main(argv):
   """Runs the command; returns the exit code."""
   fv = flags_lib.new_flag_values(config_help="complexity config (experiments/complexity.py:ARG)")
+  flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
   flags_lib.parse(fv, argv, required=("config", "workdir"))
   from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
   try:
-    analysis.run(fv["config"].value, fv["workdir"].value)
+    analysis.run(fv["config"].value, fv["workdir"].value, progress=fv["progress"].value)
   except (ValueError, FileExistsError) as e:
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1

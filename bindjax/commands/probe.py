@@ -25,6 +25,7 @@ def main(argv):
   flags.DEFINE_float("train_fraction", 0.4, "fraction of scenes for training", flag_values=fv)
   flags.DEFINE_integer("seed", 0, "split (torch-compatible randperm) and init seed",
                        flag_values=fv)
+  flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
   flags_lib.parse(fv, argv, required=("embeddings",))
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
   from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
@@ -39,7 +40,7 @@ def main(argv):
   except ValueError as e:
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1
-  probes, metrics = linear.run_probes(embedding_set, config)
+  probes, metrics = linear.run_probes(embedding_set, config, progress=fv["progress"].value)
   metrics["embeddings"] = os.path.abspath(directory)
   probes_path, metrics_path = linear.write_probes(probes, metrics, workdir)
   for split in ("train", "test"):

@@ -6,7 +6,6 @@ histories, the summary over seeds), workdir/results.csv (one row per fit), workd
 (median and spread over seeds per model and train fraction) and workdir/complexity.png.
 """
 import os
-import sys
 import time
 
 import jax.numpy as jnp
@@ -14,6 +13,7 @@ import numpy as np
 
 from bindjax import embeddings
 from bindjax import files
+from bindjax import progress as progress_lib
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.complexity import figure
@@ -72,21 +72,6 @@ def fit_config_from(config):
                            eval_cadence=config.eval_cadence).validate()
 
 
-def progress_bar(entries, config, enabled=True):
-  """A tqdm bar over every model-step of the grid and the `fitting.fit_models` on_eval callback
-  that advances it and shows the median training loss of the batch being fitted."""
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  total = len(entries) * fitting.eval_steps(config)[-1]
-  bar = tqdm(total=total, unit="model-step", unit_scale=True, dynamic_ncols=True,
-             disable=not enabled, file=sys.stderr, mininterval=1.0)
-
-  def on_eval(steps, loss_M):
-    bar.update(steps * len(loss_M))
-    bar.set_postfix({"train_loss": f"{np.nanmedian(loss_M):.4g}"}, refresh=False)
-
-  return bar, on_eval
-
-
 def run(config, workdir, embedding_set=None, log=print, progress=True):
   """The `bindjax complexity` flow; writes the result files and returns the fit rows."""
   results_path = os.path.join(workdir, RESULTS_FILE)
@@ -118,7 +103,8 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
   entries = fitting.grid_entries(models, config.train_fractions, config.seeds,
                                  config.learning_rates)
   start = time.perf_counter()
-  bar, on_eval = progress_bar(entries, fit_config, progress)
+  bar, on_eval = progress_lib.loss_bar(len(entries) * fitting.eval_steps(fit_config)[-1],
+                                   "model-step", progress)
   try:
     rows, infos = fitting.fit_grid(entries, data, probes, fit_config, chunk_size=chunk_size,
                                    memory_bytes=int(config.memory_bytes) or None,
