@@ -1,7 +1,6 @@
-"""Binding-function complexity (SPEC §11): splits, masks, batch fitting, planted structure, CLI.
+"""Binding-function complexity: splits, masks, batch fitting, planted structure, CLI.
 
-Planted-structure evidence (issue 4). Figures printed by the tests (`pytest -s`) for the MLP
-family are reported, not asserted.
+Figures printed by the tests (`pytest -s`) for the MLP family are reported, not asserted.
 """
 import json
 import os
@@ -15,6 +14,7 @@ from bindjax.commands import complexity as complexity_command
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.complexity import fitting
+from bindjax.complexity import results
 from bindjax.complexity import trees
 from bindjax.probes import linear
 
@@ -240,6 +240,73 @@ def test_real_clevr_text_complexity_grid(tmp_path, capsys, monkeypatch):
   with open(os.path.join(workdir, "results.csv")) as f:
     assert len(f.read().strip().splitlines()) == 7
   assert os.path.getsize(os.path.join(workdir, "complexity.png")) > 1000
+  with open(os.path.join(workdir, "summary.csv")) as f:  # one seed: one row per (model, f)
+    assert len(f.read().strip().splitlines()) == 7
+  assert [s["num_seeds"] for s in results["summary"]] == [1] * 6
   # A finished workdir is not overwritten unless asked.
   assert complexity_command.main(argv) == 1
   assert "exists" in capsys.readouterr().err
+
+
+def test_gathered_training_rows_give_the_masked_loss_and_gradient():
+  """Fits train on their train-only scenes gathered and padded; that is the loss (and gradient)
+  of the model on all scenes masked to the train-only ones."""
+  objects, ids = data_lib.all_scenes((4, 3), 2)
+  rng = np.random.default_rng(0)
+  data = make_data((4, 3), objects, ids, rng.normal(size=(len(ids), 5)))
+  points = data_lib.make_points(12, [0.5, 0.3], [0, 1], [1e-2, 1e-2])
+  rows_MxT, valid_MxT = data_lib.training_rows(data, points)
+  counts = data_lib.mask_counts(data, points)[:, 0]
+  assert valid_MxT.sum(-1).tolist() == counts.tolist() and rows_MxT.shape[1] == counts.max()
+  model = families.make("sum_product", (4, 3), 2, out_dim=5, embed_dim=3)
+  params = model.init(jax.random.PRNGKey(0))
+  for m in range(2):
+    mask_N = np.asarray(data_lib.scene_masks(data.object_ids_NxK, points.permutation_MxU[m],
+                                             points.num_train_M[m]))[0]
+
+    def masked(p, mask_N=mask_N):
+      se_N = ((model.apply(p, data.values_NxKxC) - data.targets_NxD) ** 2).mean(-1)
+      return (se_N * mask_N).sum() / mask_N.sum()
+
+    def gathered(p, m=m):
+      rows_T = rows_MxT[m]
+      se_T = ((model.apply(p, data.values_NxKxC[rows_T]) - data.targets_NxD[rows_T]) ** 2).mean(-1)
+      return (se_T * valid_MxT[m]).sum() / valid_MxT[m].sum()
+
+    (a, grad_a), (b, grad_b) = (jax.value_and_grad(f)(params) for f in (masked, gathered))
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for x, y in zip(jax.tree_util.tree_leaves(grad_a), jax.tree_util.tree_leaves(grad_b)):
+      np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_batches_group_similar_training_counts():
+  assert fitting.batches_by_count([441, 4, 361, 144, 144, 0, 16]) == [[0, 2], [3, 4], [6], [1],
+                                                                       [5]]
+  for group in fitting.batches_by_count(list(range(1, 200, 7))):
+    assert max(group) * 7 + 1 <= fitting.PAD_RATIO * (min(group) * 7 + 1)
+
+
+def test_evaluation_cadence():
+  end = fitting.FitConfig(steps=400, eval_every=100)
+  original = fitting.FitConfig(steps=400, eval_every=100, eval_cadence="original")
+  assert fitting.eval_steps(end) == [100, 200, 300, 400]
+  assert fitting.eval_steps(original) == [1, 101, 201, 301]
+  with pytest.raises(ValueError, match="eval_cadence"):
+    fitting.FitConfig(eval_cadence="start").validate()
+
+
+def test_summary_over_seeds_reports_median_and_spread():
+  rows = [{"name": "product", "train_fraction": 0.5, "learning_rate": 1e-2,
+           "best_test_object_acc": acc, "test_concept_acc_at_best": 0.5, "best_test_r2": r2,
+           "final_test_only_object_acc": acc, "final_test_only_concept_acc": 0.5,
+           "final_test_only_r2": r2} for acc, r2 in [(0.1, 0.9), (0.3, None), (0.2, -1.0)]]
+  rows.append({**rows[0], "train_fraction": 0.3})
+  summary = results.summarize_seeds(rows)
+  assert [(s["train_fraction"], s["num_seeds"]) for s in summary] == [(0.5, 3), (0.3, 1)]
+  first = summary[0]
+  assert first["best_test_object_acc_median"] == pytest.approx(0.2)
+  assert (first["best_test_object_acc_min"], first["best_test_object_acc_max"]) == (0.1, 0.3)
+  assert first["best_test_object_acc_iqr"] == pytest.approx(0.1)
+  assert first["best_test_r2_median"] == pytest.approx(-0.05)  # the missing value is left out
+  assert summary[1]["best_test_r2_iqr"] == 0.0
+  assert results.rows_to_csv(summary, results.SUMMARY_COLUMNS).count("\n") == 3

@@ -27,13 +27,15 @@ def reference_hidden(model, params, values_NxKxC):
     for layer in p["hidden"]:
       h = np.maximum(h @ layer["kernel"] + layer["bias"], 0)
     return h
-  if model.family == "per_object_product":
+  if model.family in ("per_object_product", "per_object_sum_product"):
     out = 0
     for i in range(k):
-      prod = 1
-      for j in range(c):
+      prod = e[:, i * c] @ p["w"] if model.learned_w else e[:, i * c]
+      for j in range(1, c):
         prod = prod * e[:, i * c + j]
       out = out + prod
+    if model.family == "per_object_sum_product":
+      out = out + sum(p["sum_tables"][i * c + j][v[:, i, j]] for i in range(k) for j in range(c))
     return out
   first = e[:, 0] @ p["w"] if model.learned_w else e[:, 0]
   prod = first * np.prod(e[:, 1:], axis=1)
@@ -45,7 +47,8 @@ def reference_hidden(model, params, values_NxKxC):
 
 @pytest.mark.parametrize("family,widths,learned_w", [
     ("mlp", (16, 8), False), ("additive", (), False), ("product", (), False),
-    ("product", (), True), ("sum_product", (), True), ("per_object_product", (), False)])
+    ("product", (), True), ("sum_product", (), True), ("per_object_product", (), False),
+    ("per_object_sum_product", (), False), ("per_object_sum_product", (), True)])
 def test_family_formula_and_parameter_count(family, widths, learned_w):
   values, max_objects = (2, 4, 3), 3  # any K and C: 3 objects of 3 concepts, unequal V_c
   model = families.make(family, values, max_objects, out_dim=5, widths=widths, embed_dim=6,
@@ -62,7 +65,7 @@ def test_family_formula_and_parameter_count(family, widths, learned_w):
   # Slot tables N(0,1): std near 1 over all (unpadded) rows.
   assert 0.7 < float(jnp.std(params["tables"][0, :values[0]])) < 1.4
   padded_rows = sum(max(values) - v for v in values) * max_objects
-  tables = (2 if family == "sum_product" else 1) * padded_rows * 6
+  tables = (2 if family in ("sum_product", "per_object_sum_product") else 1) * padded_rows * 6
   leaves = sum(np.size(x) for x in jax.tree_util.tree_leaves(params))
   assert model.num_parameters() == leaves - tables
 
