@@ -119,7 +119,7 @@ def test_per_object_products_bind_in_sample_but_do_not_generalise():
   where linear object probes fitted on all scenes are near perfect. The per-object-product
   family reproduces the binding on the scenes it was fitted on (object accuracy ≥ 0.9 by the
   frozen probes, clearly above the additive family). On test-only scenes (unseen objects) it
-  does NOT reach the issue's ≥ 0.9: with D-wide random b_c it needs about as many rank-1
+  does NOT reach test-only R² ≥ 0.9: with D-wide random b_c it needs about as many rank-1
   components as there are training objects, so held-out objects are unconstrained. Asserted
   as measured so a change is noticed (MLP[64] measured alike: 1.0 train-only, 0.003 test-only)."""
   values = (6, 6)
