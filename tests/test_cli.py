@@ -72,3 +72,14 @@ def test_refused_pickle_is_a_one_line_input_error(tmp_path, capsys, command):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and str(poisoned) in err[0] and "system" in err[0], err
   assert not out.exists() or not os.listdir(out)
+
+
+@pytest.mark.parametrize("command,phrase", [("complexity", "Config fields"),
+                                            ("probe", "probes.npz"),
+                                            ("interventions", "position-dependent")])
+def test_help_says_what_the_command_does(capsys, command, phrase):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main([command, "--help"])
+  assert exit_info.value.code == 0
+  out = capsys.readouterr().out
+  assert phrase in out and "flags:" in out and "--workdir" in out

@@ -4,6 +4,7 @@ Each command builds its own absl FlagValues so commands never share global flag 
 several commands in one process).
 """
 import sys
+import textwrap
 
 from absl import flags
 from ml_collections import config_flags
@@ -31,8 +32,11 @@ def new_flag_values(with_config=True, with_workdir=True, config_help="experiment
   return flag_values
 
 
-def parse(flag_values, argv, required=()):
-  """Parses argv (argv[0] is the program name) into flag_values; clear errors for bad input."""
+def parse(flag_values, argv, required=(), description=None):
+  """Parses argv (argv[0] is the program name) into flag_values; clear errors for bad input.
+
+  --help prints `description` (what the command does; e.g. its module docstring), then the flags.
+  """
   argv = list(argv)
   # ml_collections finds `--config.field=value` overrides in sys.argv at parse time; point it at
   # this argv so commands called in-process (tests, notebooks) see their own overrides.
@@ -44,6 +48,8 @@ def parse(flag_values, argv, required=()):
   finally:
     sys.argv = saved_argv
   if flag_values["help"].value:
+    if description:
+      print(textwrap.dedent(description).strip() + "\n\nflags:")
     print(flag_values.main_module_help() or flag_values.get_help())
     raise SystemExit(0)
   if len(rest) > 1:

@@ -18,7 +18,7 @@ def main(argv):
   flags.DEFINE_multi_string("quadruple", None, "attribute_a,attribute_b,shape_x,shape_y "
                             "(repeatable; default: config mds.quadruples, ';'-separated)",
                             flag_values=fv)
-  geometry_flags.parse(fv, argv)
+  geometry_flags.parse(fv, argv, __doc__)
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
   from bindjax import files  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import common  # pylint: disable=g-import-not-at-top

@@ -1,9 +1,13 @@
 """`bindjax probe --embeddings=DIR [--workdir=OUT] [--steps=10000] [--similarity=dot|cosine]`.
 
-Fits the SPEC §9 linear probes (one per concept plus the object probe) on an embedding set (the
-native format or a folder of the original code) and writes OUT/probes.npz (EmbeddingSet.probes
-naming: concept_0.., object) and OUT/probe_metrics.json (train/test concept and object accuracy
-and losses). OUT defaults to DIR.
+Fits linear probes on frozen embeddings (docs/probes.md): one bias-free linear map per concept
+and one for the object identity, trained together (summed soft cross-entropy, Adam with a cosine
+decay, full batch) on a random split of the scenes (--train_fraction, torch-compatible randperm
+from --seed, as the original code splits). DIR is a native embedding set, a TFDS-built one or a
+folder written by the original code. Writes OUT/probes.npz (arrays concept_0, concept_1, …,
+object; rows are classes) and OUT/probe_metrics.json (train and test concept and object
+accuracy, losses). OUT defaults to DIR. `bindjax complexity` and `bindjax interventions` take
+the probes.npz as `probes_file`, so the probes are fitted once.
 """
 import os
 import sys
@@ -26,7 +30,7 @@ def main(argv):
   flags.DEFINE_integer("seed", 0, "split (torch-compatible randperm) and init seed",
                        flag_values=fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
-  flags_lib.parse(fv, argv, required=("embeddings",))
+  flags_lib.parse(fv, argv, required=("embeddings",), description=__doc__)
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
   from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
   directory = fv["embeddings"].value

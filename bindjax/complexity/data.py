@@ -1,4 +1,4 @@
-"""Scenes and object-level splits of the complexity analysis (docs/complexity.md, "Splits").
+"""Scenes and object-level splits of the complexity analysis (docs/complexity.md, "Object split").
 
 The analysis uses the scenes holding exactly K (= max) objects. A split is a permutation of the
 U object ids plus a training count: the first `num_train` objects of the permutation are the

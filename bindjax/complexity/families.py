@@ -1,4 +1,4 @@
-"""Binding-function approximators (docs/complexity.md, "Families"): functions of a scene's
+"""Binding-function approximators (docs/complexity.md, "Approximators"): functions of a scene's
 concept indices.
 
 A scene of K objects and C concepts has K·C slots; slot s = k·C + c holds the value of concept c

@@ -80,7 +80,7 @@ class ProbeWeights:
 def probe_labels(objects_NxKxC, num_objects_N, values_per_concept, scene_object_ids_NxK,
                  num_unique):
   """Builds ProbeLabels from scenes (objects padded with -1) and their object ids (first
-  appearance order, docs/probes.md "Objects")."""
+  appearance order, docs/probes.md "Targets and loss")."""
   objects_NxKxC = np.asarray(objects_NxKxC)
   num_objects_N = np.asarray(num_objects_N)
   ids_NxK = np.asarray(scene_object_ids_NxK)
@@ -117,7 +117,7 @@ def labels_from_set(embedding_set):
 
 
 def split_count(num_rows, fraction):
-  """Training rows of a split: clamp(int(fraction·n), 1, n-1) (docs/probes.md "Splits")."""
+  """Training rows of a split: clamp(int(fraction·n), 1, n-1) (docs/probes.md "Training")."""
   if num_rows < 2:
     raise ValueError(f"num_rows={num_rows}: a split needs at least 2 rows")
   return min(max(1, int(fraction * num_rows)), num_rows - 1)
