@@ -38,5 +38,5 @@ def main(argv):
   except (ValueError, FileExistsError) as e:
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1
-  print(f"wrote {fv['workdir'].value}/results.csv, results.json and complexity.png")
+  print(f"wrote {fv['workdir'].value}/results.csv, summary.csv, results.json and complexity.png")
   return 0

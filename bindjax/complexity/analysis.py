@@ -26,7 +26,7 @@ RESULTS_FILE = "results.json"
 OUTPUT_FILES = (RESULTS_FILE, "results.csv", "summary.csv", "complexity.png")
 
 
-def frozen_probes(embedding_set, source="auto", probe_config=None):
+def frozen_probes(embedding_set, source="auto", probe_config=None, progress=False):
   """Probe weights that score predictions: stored ones or freshly fitted on all scenes.
 
   source: "stored" (EmbeddingSet.probes, error if missing), "fit", or "auto" (stored when the
@@ -44,7 +44,12 @@ def frozen_probes(embedding_set, source="auto", probe_config=None):
   probe_config = probe_config or linear.ProbeConfig()
   labels = linear.labels_from_set(embedding_set)
   n = embedding_set.embeddings.shape[0]
-  weights, _ = linear.fit_probes(embedding_set.embeddings, labels, np.ones(n, bool), probe_config)
+  bar, on_chunk = progress_lib.loss_bar(probe_config.steps, "step", progress)
+  try:
+    weights, _ = linear.fit_probes(embedding_set.embeddings, labels, np.ones(n, bool),
+                                   probe_config, on_chunk)
+  finally:
+    bar.close()
   if probe_config.similarity == "cosine":  # Rank-equivalent dot probes (see weights_to_probes).
     weights = linear.probes_to_weights(linear.weights_to_probes(weights, vpc, "cosine"), vpc)
   return weights, f"fit on all {n} scenes, {probe_config.steps} steps"
@@ -90,7 +95,7 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
   else:
     probe_config = linear.ProbeConfig(steps=int(config.probe_steps),
                                       similarity=config.probe_similarity)
-    probes, probe_source = frozen_probes(embedding_set, config.probes, probe_config)
+    probes, probe_source = frozen_probes(embedding_set, config.probes, probe_config, progress)
   probe_s = time.perf_counter() - start
   data, _ = data_lib.from_set(embedding_set)
   all_rows = np.ones(data.num_scenes, bool)

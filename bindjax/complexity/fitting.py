@@ -185,7 +185,7 @@ def auto_mesh(num_models, devices=None):
 
 def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto",
                memory_bytes=None, on_eval=None):
-  """Fits M models of one shape (M = len of points) in one jit(vmap), sharded over the mesh.
+  """Fits M models of one shape (M = len of points) as one compiled batch over the mesh.
 
   chunk_size: "auto", None (all at once) or an int. "auto" is 1 on a single CPU device (see
   `_map_models`), else from `bytes_per_model` and device memory.

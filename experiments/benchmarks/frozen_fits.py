@@ -4,8 +4,8 @@ r"""Benchmark: one linear-probe fit and one approximator fit against the machine
   .venv/bin/python experiments/benchmarks/frozen_fits.py --baseline=764b466  # and a commit
 
 The probe fit: all heads on a 9,216-scene, D=384 synthetic set (96 objects of 12 × 8 values,
-every ordered pair), 40 % training scenes. The approximator fit: sum+product at train fraction
-0.5 on a 576-scene, D=512 synthetic set (24 objects), evaluated every 100 steps. Both are timed
+every ordered pair), 40 % training scenes. The approximator fits: sum+product and MLP[1024] at
+train fraction 0.5 on a 576-scene, D=512 synthetic set (24 objects), evaluated every 100 steps. Both are timed
 after compiling (their second call, or the fit's own compile/run split).
 
 "FLOP time" is the FLOPs XLA's cost analysis counts for one training step on exactly the
@@ -29,7 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 RESULTS = os.path.join(HERE, "results")
 PROBE_VALUES, PROBE_DIM, PROBE_TRAIN = (12, 8), 384, 0.4
-FIT_VALUES, FIT_DIM, FIT_FRACTION, FIT_FAMILY = (8, 3), 512, 0.5, "sum_product"
+FIT_VALUES, FIT_DIM, FIT_FRACTION = (8, 3), 512, 0.5
+# (label, family, hidden widths): the paper grid's sum+product and MLP.
+FIT_MODELS = (("sum_product", "sum_product", ()), ("mlp[1024]", "mlp", (1024,)))
 
 
 def matmul_gflops(size=2048, repeats=5):
@@ -102,7 +104,7 @@ def _fit_api():
     return complexity, binding, complexity
 
 
-def time_approximator(steps):
+def time_approximator(steps, family, widths):
   """Seconds of one approximator fit after compiling, and the FLOPs it needs."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -117,7 +119,7 @@ def time_approximator(steps):
   data, _ = data_lib.prepare(emb, objects, np.full(len(ids), 2), FIT_VALUES, ids, u)
   probes = linear.init_weights(jax.random.PRNGKey(0), FIT_VALUES, u, FIT_DIM,
                                linear.ProbeConfig())
-  model = families.make(FIT_FAMILY, FIT_VALUES, 2, FIT_DIM)
+  model = families.make(family, FIT_VALUES, 2, FIT_DIM, widths)
   config = fitting.FitConfig(steps=steps, eval_every=100, schedule="constant")
   points = data_lib.make_points(u, [FIT_FRACTION], [0], [1e-2])
   _, info = fitting.fit_models(model, data, probes, points, config)
@@ -134,12 +136,13 @@ def time_approximator(steps):
           "train_s": info.get("train_s"), "eval_s": info.get("eval_s"),
           "step_flops": step_flops, "eval_flops": eval_flops,
           "num_evals": steps // config.eval_every, "train_scenes": len(train_rows),
-          "scenes": len(ids), "family": FIT_FAMILY}
+          "scenes": len(ids)}
 
 
 def child(args):
-  print(json.dumps({"probe": time_probe(args.probe_steps),
-                    "approximator": time_approximator(args.fit_steps)}))
+  print(json.dumps({"probe": time_probe(args.probe_steps), **{
+      label: time_approximator(args.fit_steps, family, widths)
+      for label, family, widths in FIT_MODELS}}))
 
 
 def run_child(args, code_root):
@@ -155,11 +158,11 @@ def run_child(args, code_root):
 
 def analyse(run, gflops):
   """Adds FLOP-time figures to a child's result (in place) and returns it."""
-  probe, fit = run["probe"], run["approximator"]
-  probe["flop_s"] = probe["steps"] * probe["step_flops"] / (gflops * 1e9)
-  fit["flop_s"] = (fit["steps"] * fit["step_flops"] + fit["num_evals"] * fit["eval_flops"]) / (
-      gflops * 1e9)
-  for r in (probe, fit):
+  for key, r in run.items():
+    if not isinstance(r, dict):
+      continue
+    flops = r["steps"] * r["step_flops"] + r.get("num_evals", 0) * r.get("eval_flops", 0.0)
+    r["flop_s"] = flops / (gflops * 1e9)
     r["ms_per_step"] = 1e3 * r["seconds"] / r["steps"]
     r["times_flop_time"] = r["seconds"] / r["flop_s"]
   return run
@@ -171,17 +174,17 @@ def table(result):
            f"`{result['command']}`", "",
            "| fit | code | ms / step | seconds | FLOP time s | × FLOP time | speed-up |",
            "|---|---|---:|---:|---:|---:|---:|"]
-  for key, label in (("probe", "linear probes, 9,216 scenes, D=384"),
-                     ("approximator", f"{FIT_FAMILY} f={FIT_FRACTION}, 576 scenes, D=512")):
-    after = result["after"][key]
+  labels = [("probe", "linear probes, 9,216 scenes, D=384")] + [
+      (label, f"{label} f={FIT_FRACTION}, 576 scenes, D=512") for label, _, _ in FIT_MODELS]
+  for key, label in labels:
     before = result.get("before", {}).get(key)
-    for name, r in (("before", before), ("after", after)):
+    for name, r in (("before", before), ("after", result["after"][key])):
       if r is None:
         continue
       speedup = f"{before['seconds'] / r['seconds']:.1f}×" if before else "–"
       lines.append(f"| {label} | {name} | {r['ms_per_step']:.2f} | {r['seconds']:.2f} | "
                    f"{r['flop_s']:.2f} | {r['times_flop_time']:.1f} | {speedup} |")
-  lines += ["", "Approximator seconds include its evaluations (every 100 steps, all scenes). "
+  lines += ["", "Approximator seconds include their evaluations (every 100 steps, all scenes). "
             f"Machine: {result['machine']['cpus']} CPUs; load averages before each part: "
             f"{result['loadavg']}.", ""]
   return "\n".join(lines)
