@@ -310,3 +310,22 @@ def test_summary_over_seeds_reports_median_and_spread():
   assert first["best_test_r2_median"] == pytest.approx(-0.05)  # the missing value is left out
   assert summary[1]["best_test_r2_iqr"] == 0.0
   assert results.rows_to_csv(summary, results.SUMMARY_COLUMNS).count("\n") == 3
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="tests/data/clevr_text missing")
+@pytest.mark.parametrize("override,named", [
+    ("--config.models=mlp:64,cube", "'cube'"),
+    ("--config.chunk_size=-3", "chunk_size"),
+    ("--config.eval_cadence=sometimes", "eval_cadence"),
+    ("--config.probes_file=MISSING", "MISSING")])
+def test_bad_config_is_a_one_line_error_and_writes_nothing(tmp_path, capsys, monkeypatch,
+                                                            override, named):
+  workdir = tmp_path / "grid"
+  override = override.replace("MISSING", str(tmp_path / "missing.npz"))
+  argv = ["bindjax complexity", f"--config={REPO}/experiments/complexity.py:smoke",
+          f"--config.embeddings={DATA}", f"--workdir={workdir}", override]
+  monkeypatch.setattr(sys, "argv", list(argv))
+  assert complexity_command.main(argv) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and named.replace("MISSING", "missing.npz") in err[0], err
+  assert not workdir.exists()
