@@ -47,7 +47,13 @@ def main(argv=None):
           file=sys.stderr)
     return 2
   module = importlib.import_module(f"bindjax.commands.{COMMANDS[name]}")
-  return module.main([f"bindjax {name}"] + argv[1:]) or 0
+  from bindjax.compat import safe_pickle  # pylint: disable=g-import-not-at-top
+  try:
+    return module.main([f"bindjax {name}"] + argv[1:]) or 0
+  except safe_pickle.RefusedGlobalError as e:
+    # Bad input like any other: refused before anything from the file ran or was written.
+    print(f"bindjax {name}: {e}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

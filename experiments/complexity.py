@@ -1,4 +1,4 @@
-r"""Binding-function complexity grid (SPEC §11): approximators × train fractions, batch-fitted.
+r"""Binding-function complexity grid (docs/complexity.md): approximators × train fractions × seeds.
 
   bindjax complexity --config=experiments/complexity.py:smoke --workdir=/tmp/complexity
   bindjax complexity --config=experiments/complexity.py:paper \
@@ -6,13 +6,16 @@ r"""Binding-function complexity grid (SPEC §11): approximators × train fractio
 
 Presets: `smoke` (seconds: 3 fractions × 3 small models, 200 steps, on tests/data/clevr_text),
 `cpu` (the paper grid at 1,000 steps), `paper` (f = 0.1..0.9 × {MLP 1024, product,
-sum+product}, lr 1e-2, 4,000 steps, constant learning rate as in the original code). Append
+sum+product}, lr 1e-2, 4,000 steps, constant learning rate and evaluations after steps 1, 101,
+…, 3901 as in the original code; one seed, as the original reports one run). Append
 `,trees` to also fit the random-forest approximator on the same splits.
 
 `embeddings` is a native embedding set or a folder of the original code; the frozen probes are
 the set's stored ones, a probes.npz (`probes_file`, as `bindjax probe` writes), or fitted on all
 scenes (`probes="fit"`). `models` is a comma list: mlp:W1xW2.., additive, product, product:W
-(learned W), sum_product, sum_product:W, per_object_product.
+(learned W), sum_product, sum_product:W, per_object_product, per_object_sum_product,
+per_object_sum_product:W. `seeds` are restarts (object split and initialisation): summary.csv
+reports the median and spread over them.
 """
 import os
 
@@ -41,9 +44,11 @@ def get_config(arg="smoke"):
   c.steps = 4000
   c.eval_every = 100
   c.schedule = "constant"       # the original's effective schedule; "cosine" decays to 0
+  # Evaluations after steps 1, 101, …, 3901 as in the original ("end": after 100, …, 4000).
+  c.eval_cadence = "original"
   c.chunk_size = "auto"         # auto | none | an integer number of models per chunk
   c.memory_bytes = 0            # 0: the device's memory
-  c.trees = "trees" in options  # also fit tree approximators (bindjax.probes.trees)
+  c.trees = "trees" in options  # also fit tree approximators (bindjax.complexity.trees)
   c.tree_models = "random_forest"
   c.tree_estimators = 100
   c.overwrite = False
@@ -54,6 +59,7 @@ def get_config(arg="smoke"):
     c.eval_every = 50
     c.probe_steps = 500
     c.schedule = "cosine"
+    c.eval_cadence = "end"
     c.tree_estimators = 20
   elif preset == "cpu":
     c.steps = 1000

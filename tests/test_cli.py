@@ -61,3 +61,33 @@ def test_missing_required_flag_and_stray_arguments_exit_2(capsys):
   with pytest.raises(SystemExit) as e:
     flags.parse(flags.new_flag_values(with_config=False), ["bindjax report", "extra"])
   assert e.value.code == 2 and "unexpected arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["probe", "interventions"])
+def test_refused_pickle_is_a_one_line_input_error(tmp_path, capsys, command):
+  """A pickle naming a code-running global is refused before anything runs: exit 1, one line
+  naming the file and the global, nothing written."""
+  import os  # pylint: disable=g-import-not-at-top
+  import pickle  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  source = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
+  data = tmp_path / "set"
+  shutil.copytree(source, data)
+  poisoned = data / "clevr_text_minilm_embeddings.pkl"
+  poisoned.write_bytes(pickle.dumps(os.system))
+  out = tmp_path / "out"
+  assert cli.main([command, f"--embeddings={data}", f"--workdir={out}"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and str(poisoned) in err[0] and "system" in err[0], err
+  assert not out.exists() or not os.listdir(out)
+
+
+@pytest.mark.parametrize("command,phrase", [("complexity", "Config fields"),
+                                            ("probe", "probes.npz"),
+                                            ("interventions", "position-dependent")])
+def test_help_says_what_the_command_does(capsys, command, phrase):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main([command, "--help"])
+  assert exit_info.value.code == 0
+  out = capsys.readouterr().out
+  assert phrase in out and "flags:" in out and "--workdir" in out

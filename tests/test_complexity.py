@@ -1,7 +1,6 @@
-"""Binding-function complexity (SPEC §11): splits, masks, batch fitting, planted structure, CLI.
+"""Binding-function complexity: splits, masks, batch fitting, planted structure, CLI.
 
-Planted-structure evidence (issue 4). Figures printed by the tests (`pytest -s`) for the MLP
-family are reported, not asserted.
+Figures printed by the tests (`pytest -s`) for the MLP family are reported, not asserted.
 """
 import json
 import os
@@ -11,11 +10,13 @@ import jax
 import numpy as np
 import pytest
 
-from bindjax import complexity
 from bindjax.commands import complexity as complexity_command
-from bindjax.probes import binding
+from bindjax.complexity import data as data_lib
+from bindjax.complexity import families
+from bindjax.complexity import fitting
+from bindjax.complexity import results
+from bindjax.complexity import trees
 from bindjax.probes import linear
-from bindjax.probes import trees
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,32 +34,32 @@ PLANTED_RESTARTS = 16
 PLANTED_DRAW = 5
 # Shared by the planted and lookup-table tests: same shapes and static settings, so the second
 # test reuses the first one's compiled programs (compiling dominates their cost).
-PLANTED_CONFIG = complexity.FitConfig(steps=1500, eval_every=500)
+PLANTED_CONFIG = fitting.FitConfig(steps=1500, eval_every=500)
 
 
 def planted_models():
   """(family, approximator) for every family, at the small slot width the planted tests use."""
   for family, widths in [("additive", ()), ("product", ()), ("sum_product", ()),
                          ("per_object_product", ()), ("mlp", (32,))]:
-    yield family, binding.make(family, V10, 2, out_dim=16, widths=widths, embed_dim=2)
+    yield family, families.make(family, V10, 2, out_dim=16, widths=widths, embed_dim=2)
 
 
 def planted_scenes(values, num_scenes, seed=0):
   """A random subset of all ordered 2-object scenes (all objects, fewer rows to fit)."""
-  objects, ids = complexity.all_scenes(values, 2)
+  objects, ids = data_lib.all_scenes(values, 2)
   rows = np.sort(np.random.default_rng(seed).permutation(len(ids))[:num_scenes])
   return objects[rows], ids[rows]
 
 
 def make_data(values, objects, ids, targets):
-  data, _ = complexity.prepare(targets, objects, np.full(len(ids), 2), values, ids,
+  data, _ = data_lib.prepare(targets, objects, np.full(len(ids), 2), values, ids,
                                int(np.prod(values)))
   return data
 
 
 def restarts(num_unique, fraction=0.5, lr=1e-2, count=RESTARTS):
   """`count` models on one object split (seed 0) with different initialisations."""
-  points = complexity.make_points(num_unique, [fraction] * count, [0] * count, [lr] * count)
+  points = data_lib.make_points(num_unique, [fraction] * count, [0] * count, [lr] * count)
   keys = np.stack([np.asarray(jax.random.PRNGKey(s)) for s in range(count)])
   return points.replace(key_Mx2=keys.astype(np.uint32))
 
@@ -69,23 +70,23 @@ def select_by_train_loss(history):
 
 
 def test_clevr_object_split_counts_match_spec():
-  objects, ids = complexity.all_scenes((8, 3), 2)
+  objects, ids = data_lib.all_scenes((8, 3), 2)
   assert objects.shape == (576, 2, 2)
   data = make_data((8, 3), objects, ids, np.random.default_rng(0).normal(size=(576, 4)))
-  perm, num_train = complexity.object_split(24, 0.5, seed=0)
+  perm, num_train = data_lib.object_split(24, 0.5, seed=0)
   assert num_train == 12 and perm[:4].tolist() == [20, 5, 3, 12]
-  points = complexity.make_points(24, [0.5, 0.1, 0.9], [0, 0, 0], [1e-2] * 3)
-  counts = complexity.mask_counts(data, points)
+  points = data_lib.make_points(24, [0.5, 0.1, 0.9], [0, 0, 0], [1e-2] * 3)
+  counts = data_lib.mask_counts(data, points)
   assert counts[0].tolist() == [144, 144, 288]
   assert counts[1].tolist() == [4, 484, 88] and counts[2].tolist() == [441, 9, 126]
-  masks = np.asarray(complexity.scene_masks(data.object_ids_NxK, perm, num_train))
+  masks = np.asarray(data_lib.scene_masks(data.object_ids_NxK, perm, num_train))
   train_objects = set(perm[:12].tolist())
   for n in np.flatnonzero(masks[0])[:20]:
     assert set(ids[n].tolist()) <= train_objects
   for n in np.flatnonzero(masks[2])[:20]:
     assert len(set(ids[n].tolist()) & train_objects) == 1
   with pytest.raises(ValueError, match="fraction"):
-    complexity.object_split(24, 1.0, seed=0)
+    data_lib.object_split(24, 1.0, seed=0)
 
 
 @pytest.mark.slow
@@ -96,12 +97,12 @@ def test_identifiability_of_planted_families():
   objects, ids = planted_scenes(V10, 2000)
   probes = linear.init_weights(jax.random.PRNGKey(0), V10, 100, 16, linear.ProbeConfig())
   config = PLANTED_CONFIG
-  test = complexity.MASKS.index("test_only")
+  test = data_lib.MASKS.index("test_only")
   report = {}
   for family, model in planted_models():
     planted = model.apply(model.init(jax.random.PRNGKey(PLANTED_DRAW)), objects)
     data = make_data(V10, objects, ids, np.asarray(planted))
-    history, info = complexity.fit_models(model, data, probes,
+    history, info = fitting.fit_models(model, data, probes,
                                           restarts(100, count=PLANTED_RESTARTS), config)
     # The automatic chunking depends only on the model, the data and total device memory.
     assert info["chunk_size"] is None
@@ -118,11 +119,11 @@ def test_per_object_products_bind_in_sample_but_do_not_generalise():
   where linear object probes fitted on all scenes are near perfect. The per-object-product
   family reproduces the binding on the scenes it was fitted on (object accuracy ≥ 0.9 by the
   frozen probes, clearly above the additive family). On test-only scenes (unseen objects) it
-  does NOT reach the issue's ≥ 0.9: with D-wide random b_c it needs about as many rank-1
+  does NOT reach test-only R² ≥ 0.9: with D-wide random b_c it needs about as many rank-1
   components as there are training objects, so held-out objects are unconstrained. Asserted
   as measured so a change is noticed (MLP[64] measured alike: 1.0 train-only, 0.003 test-only)."""
   values = (6, 6)
-  objects, ids = complexity.all_scenes(values, 2)
+  objects, ids = data_lib.all_scenes(values, 2)
   rng = np.random.default_rng(1)
   a, b = rng.normal(size=(2, 6, 32)), rng.normal(size=(2, 6, 32))
   per_object = a[0][objects[..., 0]] + a[1][objects[..., 1]] + (
@@ -132,15 +133,15 @@ def test_per_object_products_bind_in_sample_but_do_not_generalise():
   probes, _ = linear.fit_probes(targets, data.labels, np.ones(len(ids), bool),
                                 linear.ProbeConfig(steps=500))
   everything = np.ones((3, len(ids)), bool)
-  on_true = complexity.evaluate_predictions(data.targets_NxD, data, probes, everything)
+  on_true = fitting.evaluate_predictions(data.targets_NxD, data, probes, everything)
   assert float(on_true["object_acc"][0]) >= 0.95
-  config = complexity.FitConfig(steps=400, eval_every=200)
-  points = complexity.make_points(36, [0.5], [0], [1e-2])
-  train, test = complexity.MASKS.index("train_only"), complexity.MASKS.index("test_only")
+  config = fitting.FitConfig(steps=400, eval_every=200)
+  points = data_lib.make_points(36, [0.5], [0], [1e-2])
+  train, test = data_lib.MASKS.index("train_only"), data_lib.MASKS.index("test_only")
   report = {}
   for family in ("per_object_product", "additive"):
-    model = binding.make(family, values, 2, out_dim=32)
-    history, _ = complexity.fit_models(model, data, probes, points, config)
+    model = families.make(family, values, 2, out_dim=32)
+    history, _ = fitting.fit_models(model, data, probes, points, config)
     report[family] = {name: float(history[key][0, -1, mask]) for name, key, mask in [
         ("object_acc", "object_acc", train), ("test_object_acc", "object_acc", test),
         ("test_r2", "r2", test)]}
@@ -161,10 +162,10 @@ def test_lookup_table_control_does_not_generalise():
   data = make_data(V10, objects, ids, table[ids[:, 0], ids[:, 1]])
   probes = linear.init_weights(jax.random.PRNGKey(0), V10, 100, 16, linear.ProbeConfig())
   config = PLANTED_CONFIG
-  test = complexity.MASKS.index("test_only")
+  test = data_lib.MASKS.index("test_only")
   report = {}
   for family, model in planted_models():
-    history, _ = complexity.fit_models(model, data, probes,
+    history, _ = fitting.fit_models(model, data, probes,
                                        restarts(100, count=PLANTED_RESTARTS), config)
     report[model.name] = float(history["r2"][:, :, test].max())
     assert report[model.name] <= 0.1, model.name
@@ -172,29 +173,29 @@ def test_lookup_table_control_does_not_generalise():
 
 
 def test_chunked_and_sharded_fits_equal_one_vmap():
-  objects, ids = complexity.all_scenes((3, 3), 2)
+  objects, ids = data_lib.all_scenes((3, 3), 2)
   data = make_data((3, 3), objects, ids, np.random.default_rng(0).normal(size=(81, 4)))
   probes = linear.init_weights(jax.random.PRNGKey(0), (3, 3), 9, 4, linear.ProbeConfig())
-  model = binding.make("sum_product", (3, 3), 2, out_dim=4, embed_dim=3)
-  points = complexity.make_points(9, [0.3, 0.5, 0.7, 0.5], [0, 1, 2, 3], [1e-2, 1e-2, 3e-3, 1e-2])
-  config = complexity.FitConfig(steps=20, eval_every=10, schedule="constant")
-  one_device = complexity.auto_mesh(1)
-  whole, info = complexity.fit_models(model, data, probes, points, config, one_device, None)
+  model = families.make("sum_product", (3, 3), 2, out_dim=4, embed_dim=3)
+  points = data_lib.make_points(9, [0.3, 0.5, 0.7, 0.5], [0, 1, 2, 3], [1e-2, 1e-2, 3e-3, 1e-2])
+  config = fitting.FitConfig(steps=20, eval_every=10, schedule="constant")
+  one_device = fitting.auto_mesh(1)
+  whole, info = fitting.fit_models(model, data, probes, points, config, one_device, None)
   # Two devices holding two models each; a tiny memory budget forces one model per device
   # at a time: two lax.map chunks of a 2-way sharded vmap.
-  two_devices = complexity.auto_mesh(4, jax.devices()[:2])
-  chunked, info_chunked = complexity.fit_models(model, data, probes, points, config,
+  two_devices = fitting.auto_mesh(4, jax.devices()[:2])
+  chunked, info_chunked = fitting.fit_models(model, data, probes, points, config,
                                                 two_devices, chunk_size="auto", memory_bytes=1)
   assert info["chunk_size"] is None and info_chunked["chunk_size"] == 2
   for key in whole:
     assert whole[key].shape == (4, 2, 3) or key == "train_loss"
     np.testing.assert_allclose(whole[key], chunked[key], rtol=2e-4, atol=2e-5)
-  assert complexity.auto_mesh(3).devices.size == 3
-  assert complexity.auto_mesh(9).devices.size == 5
+  assert fitting.auto_mesh(3).devices.size == 3
+  assert fitting.auto_mesh(9).devices.size == 5
 
 
 def test_random_forest_uses_the_same_splits_and_scoring():
-  objects, ids = complexity.all_scenes((4, 4), 2)
+  objects, ids = data_lib.all_scenes((4, 4), 2)
   rng = np.random.default_rng(0)
   a = rng.normal(size=(2, 2, 4, 8))  # additive in slots: trees can fit train-only scenes
   targets = sum(a[k, c][objects[:, k, c]] for k in range(2) for c in range(2))
@@ -202,8 +203,8 @@ def test_random_forest_uses_the_same_splits_and_scoring():
   probes = linear.init_weights(jax.random.PRNGKey(0), (4, 4), 16, 8, linear.ProbeConfig())
   rows = trees.fit_trees("random_forest", data, probes, [0.5], [0], num_estimators=10)
   (row,) = rows
-  counts = complexity.mask_counts(data, complexity.make_points(16, [0.5], [0], [0.0]))[0]
-  assert [row[f"num_{m}_scenes"] for m in complexity.MASKS] == counts.tolist()
+  counts = data_lib.mask_counts(data, data_lib.make_points(16, [0.5], [0], [0.0]))[0]
+  assert [row[f"num_{m}_scenes"] for m in data_lib.MASKS] == counts.tolist()
   assert row["final_train_only_r2"] > 0.5
   assert row["final_test_only_r2"] < row["final_train_only_r2"]
   with pytest.raises(ValueError, match="tree model"):
@@ -239,6 +240,92 @@ def test_real_clevr_text_complexity_grid(tmp_path, capsys, monkeypatch):
   with open(os.path.join(workdir, "results.csv")) as f:
     assert len(f.read().strip().splitlines()) == 7
   assert os.path.getsize(os.path.join(workdir, "complexity.png")) > 1000
+  with open(os.path.join(workdir, "summary.csv")) as f:  # one seed: one row per (model, f)
+    assert len(f.read().strip().splitlines()) == 7
+  assert [s["num_seeds"] for s in results["summary"]] == [1] * 6
   # A finished workdir is not overwritten unless asked.
   assert complexity_command.main(argv) == 1
   assert "exists" in capsys.readouterr().err
+
+
+def test_gathered_training_rows_give_the_masked_loss_and_gradient():
+  """Fits train on their train-only scenes gathered and padded; that is the loss (and gradient)
+  of the model on all scenes masked to the train-only ones."""
+  objects, ids = data_lib.all_scenes((4, 3), 2)
+  rng = np.random.default_rng(0)
+  data = make_data((4, 3), objects, ids, rng.normal(size=(len(ids), 5)))
+  points = data_lib.make_points(12, [0.5, 0.3], [0, 1], [1e-2, 1e-2])
+  rows_MxT, valid_MxT = data_lib.training_rows(data, points)
+  counts = data_lib.mask_counts(data, points)[:, 0]
+  assert valid_MxT.sum(-1).tolist() == counts.tolist() and rows_MxT.shape[1] == counts.max()
+  model = families.make("sum_product", (4, 3), 2, out_dim=5, embed_dim=3)
+  params = model.init(jax.random.PRNGKey(0))
+  for m in range(2):
+    mask_N = np.asarray(data_lib.scene_masks(data.object_ids_NxK, points.permutation_MxU[m],
+                                             points.num_train_M[m]))[0]
+
+    def masked(p, mask_N=mask_N):
+      se_N = ((model.apply(p, data.values_NxKxC) - data.targets_NxD) ** 2).mean(-1)
+      return (se_N * mask_N).sum() / mask_N.sum()
+
+    def gathered(p, m=m):
+      rows_T = rows_MxT[m]
+      se_T = ((model.apply(p, data.values_NxKxC[rows_T]) - data.targets_NxD[rows_T]) ** 2).mean(-1)
+      return (se_T * valid_MxT[m]).sum() / valid_MxT[m].sum()
+
+    (a, grad_a), (b, grad_b) = (jax.value_and_grad(f)(params) for f in (masked, gathered))
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for x, y in zip(jax.tree_util.tree_leaves(grad_a), jax.tree_util.tree_leaves(grad_b)):
+      np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_batches_group_similar_training_counts():
+  assert fitting.batches_by_count([441, 4, 361, 144, 144, 0, 16]) == [[0, 2], [3, 4], [6], [1],
+                                                                       [5]]
+  for group in fitting.batches_by_count(list(range(1, 200, 7))):
+    assert max(group) * 7 + 1 <= fitting.PAD_RATIO * (min(group) * 7 + 1)
+
+
+def test_evaluation_cadence():
+  end = fitting.FitConfig(steps=400, eval_every=100)
+  original = fitting.FitConfig(steps=400, eval_every=100, eval_cadence="original")
+  assert fitting.eval_steps(end) == [100, 200, 300, 400]
+  assert fitting.eval_steps(original) == [1, 101, 201, 301]
+  with pytest.raises(ValueError, match="eval_cadence"):
+    fitting.FitConfig(eval_cadence="start").validate()
+
+
+def test_summary_over_seeds_reports_median_and_spread():
+  rows = [{"name": "product", "train_fraction": 0.5, "learning_rate": 1e-2,
+           "best_test_object_acc": acc, "test_concept_acc_at_best": 0.5, "best_test_r2": r2,
+           "final_test_only_object_acc": acc, "final_test_only_concept_acc": 0.5,
+           "final_test_only_r2": r2} for acc, r2 in [(0.1, 0.9), (0.3, None), (0.2, -1.0)]]
+  rows.append({**rows[0], "train_fraction": 0.3})
+  summary = results.summarize_seeds(rows)
+  assert [(s["train_fraction"], s["num_seeds"]) for s in summary] == [(0.5, 3), (0.3, 1)]
+  first = summary[0]
+  assert first["best_test_object_acc_median"] == pytest.approx(0.2)
+  assert (first["best_test_object_acc_min"], first["best_test_object_acc_max"]) == (0.1, 0.3)
+  assert first["best_test_object_acc_iqr"] == pytest.approx(0.1)
+  assert first["best_test_r2_median"] == pytest.approx(-0.05)  # the missing value is left out
+  assert summary[1]["best_test_r2_iqr"] == 0.0
+  assert results.rows_to_csv(summary, results.SUMMARY_COLUMNS).count("\n") == 3
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="tests/data/clevr_text missing")
+@pytest.mark.parametrize("override,named", [
+    ("--config.models=mlp:64,cube", "'cube'"),
+    ("--config.chunk_size=-3", "chunk_size"),
+    ("--config.eval_cadence=sometimes", "eval_cadence"),
+    ("--config.probes_file=MISSING", "MISSING")])
+def test_bad_config_is_a_one_line_error_and_writes_nothing(tmp_path, capsys, monkeypatch,
+                                                            override, named):
+  workdir = tmp_path / "grid"
+  override = override.replace("MISSING", str(tmp_path / "missing.npz"))
+  argv = ["bindjax complexity", f"--config={REPO}/experiments/complexity.py:smoke",
+          f"--config.embeddings={DATA}", f"--workdir={workdir}", override]
+  monkeypatch.setattr(sys, "argv", list(argv))
+  assert complexity_command.main(argv) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and named.replace("MISSING", "missing.npz") in err[0], err
+  assert not workdir.exists()

@@ -173,3 +173,18 @@ def test_command_writes_strict_json_and_refuses_to_overwrite(tmp_path, capsys, m
   assert run_command(monkeypatch, argv) == 1
   assert path.read_text() == text
   assert sorted(os.listdir(tmp_path / "out")) == [decomposition.RESULTS_FILE]
+
+
+def test_obj_avg_counts_slot_occurrences_or_scenes():
+  """Scenes (0,0), (0,1): object 0 occurs three times in two scenes."""
+  index = common.SceneIndex(rows_N=np.arange(2), ids_Nx2=np.array([[0, 0], [0, 1]]),
+                            single_rows_S=np.zeros(0, int), single_ids_S=np.zeros(0, int),
+                            unique_UxC=np.array([[0], [1]]), scene_ids_AxK=np.array([[0, 0],
+                                                                                     [0, 1]]))
+  emb_AxD = np.array([[3.0], [0.0]])
+  occurrences = common.object_bank("obj-avg", index, emb_AxD)
+  scenes = common.object_bank("obj-avg", index, emb_AxD, "scenes")
+  np.testing.assert_allclose(occurrences.vectors_SxUxD[0, :, 0], [2.0, 0.0])
+  np.testing.assert_allclose(scenes.vectors_SxUxD[0, :, 0], [1.5, 0.0])
+  with pytest.raises(ValueError, match="obj_avg_counting"):
+    common.object_bank("obj-avg", index, emb_AxD, "rows")

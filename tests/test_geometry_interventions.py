@@ -81,12 +81,14 @@ def test_targets_follow_the_seeded_generator_and_order(clevr_text):
 def test_clevr_text_results(clevr_text):
   _, (summary, rows) = clevr_text
   res = {b: r["by_strength"]["1"] for b, r in summary["results"].items()}
-  # Measured on these MiniLM captions: pos-avg 0.927, obj-avg 0.814, single-object 0.401.
+  # Measured on these MiniLM captions: pos-avg 0.927, obj-avg 0.811 (0.814 counting each scene
+  # once instead of each slot occurrence), single-object 0.401.
   assert res["pos-avg"]["all"]["retrieval"] > 0.9
   assert 0.7 < res["obj-avg"]["all"]["retrieval"] < res["pos-avg"]["all"]["retrieval"]
   assert res["single-object"]["all"]["retrieval"] < res["obj-avg"]["all"]["retrieval"]
   for bank in res:
-    assert res[bank]["all"]["ties"] == 0
+    # Averaging over slot occurrences makes one exact tie on this set; ties are reported.
+    assert res[bank]["all"]["ties"] == (1 if bank == "obj-avg" else 0)
     # Recolouring is harder when both objects share the attribute being changed.
     assert (res[bank]["shared_attribute"]["retrieval"] <
             res[bank]["different_attribute"]["retrieval"])
@@ -212,3 +214,20 @@ def test_command_and_table(tmp_path, monkeypatch, capsys):
   assert "| dep | model_dep |" in md
   with pytest.raises(ValueError, match="k=3"):
     interventions.summary_table([interventions.load_summary(tmp_path / "run_dep")], strength=3)
+
+
+def test_probes_file_replaces_fitting(clevr_text, tmp_path):
+  """Probe vectors written by `bindjax probe` are used as they are (no fit); a bad file is
+  rejected up front, naming it."""
+  es, _ = clevr_text
+  rng = np.random.default_rng(0)
+  probes = {f"concept_{c}": rng.normal(size=(v, es.embeddings.shape[1])).astype(np.float32)
+            for c, v in enumerate(es.values_per_concept)}
+  probes["object"] = rng.normal(size=(24, es.embeddings.shape[1])).astype(np.float32)
+  path, _ = linear.write_probes(probes, {}, str(tmp_path))
+  summary, _ = interventions.run_interventions(es, config(banks=("pos-avg",), probes_file=path))
+  assert summary["probes"] == path
+  assert summary["results"]["pos-avg"]["by_strength"]["1"]["all"]["probe"] < 0.5  # random
+  (tmp_path / "bad.npz").write_text("not an npz")
+  with pytest.raises(ValueError, match="bad.npz"):
+    interventions.run_interventions(es, config(probes_file=str(tmp_path / "bad.npz")))

@@ -10,11 +10,6 @@ import bindjax
 
 PACKAGE_DIR = os.path.dirname(bindjax.__file__)
 
-# Known and owned elsewhere: the complexity analysis is being restructured into a package whose
-# tree approximators no longer import it back. Remove this entry once that lands.
-KNOWN_CYCLES = (frozenset({"bindjax.complexity", "bindjax.probes.trees"}),)
-# Likewise: complexity.run reads its embedding set through bindjax.commands.probe for now.
-KNOWN_CLI_IMPORTS = frozenset({"bindjax.complexity"})
 
 
 def _modules():
@@ -99,7 +94,7 @@ def test_cycle_finder_sees_function_level_and_relative_imports(tmp_path):
 
 
 def test_no_import_cycles():
-  unexpected = [sorted(c) for c in cycles(import_graph()) if c not in KNOWN_CYCLES]
+  unexpected = [sorted(c) for c in cycles(import_graph())]
   assert not unexpected, f"import cycles in bindjax: {unexpected}"
 
 
@@ -107,6 +102,5 @@ def test_library_does_not_import_the_command_line():
   graph = import_graph()
   offenders = sorted(m for m, imported in graph.items()
                      if not m.startswith("bindjax.commands") and m != "bindjax.cli"
-                     and any(i.startswith("bindjax.commands") for i in imported)
-                     and m not in KNOWN_CLI_IMPORTS)
+                     and any(i.startswith("bindjax.commands") for i in imported))
   assert not offenders, f"library modules importing bindjax.commands: {offenders}"

@@ -1,10 +1,10 @@
-"""Binding-function approximators (SPEC §11): the five families' forms, shapes and batching."""
+"""Binding-function approximators: the families' forms, shapes and batching."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bindjax.probes import binding
+from bindjax.complexity import families
 
 VALUES = (3, 3)
 
@@ -27,13 +27,15 @@ def reference_hidden(model, params, values_NxKxC):
     for layer in p["hidden"]:
       h = np.maximum(h @ layer["kernel"] + layer["bias"], 0)
     return h
-  if model.family == "per_object_product":
+  if model.family in ("per_object_product", "per_object_sum_product"):
     out = 0
     for i in range(k):
-      prod = 1
-      for j in range(c):
+      prod = e[:, i * c] @ p["w"] if model.learned_w else e[:, i * c]
+      for j in range(1, c):
         prod = prod * e[:, i * c + j]
       out = out + prod
+    if model.family == "per_object_sum_product":
+      out = out + sum(p["sum_tables"][i * c + j][v[:, i, j]] for i in range(k) for j in range(c))
     return out
   first = e[:, 0] @ p["w"] if model.learned_w else e[:, 0]
   prod = first * np.prod(e[:, 1:], axis=1)
@@ -45,10 +47,11 @@ def reference_hidden(model, params, values_NxKxC):
 
 @pytest.mark.parametrize("family,widths,learned_w", [
     ("mlp", (16, 8), False), ("additive", (), False), ("product", (), False),
-    ("product", (), True), ("sum_product", (), True), ("per_object_product", (), False)])
+    ("product", (), True), ("sum_product", (), True), ("per_object_product", (), False),
+    ("per_object_sum_product", (), False), ("per_object_sum_product", (), True)])
 def test_family_formula_and_parameter_count(family, widths, learned_w):
   values, max_objects = (2, 4, 3), 3  # any K and C: 3 objects of 3 concepts, unequal V_c
-  model = binding.make(family, values, max_objects, out_dim=5, widths=widths, embed_dim=6,
+  model = families.make(family, values, max_objects, out_dim=5, widths=widths, embed_dim=6,
                        learned_w=learned_w)
   params = model.init(jax.random.PRNGKey(0))
   if learned_w:  # W starts at I; move it so the test sees it act
@@ -62,13 +65,13 @@ def test_family_formula_and_parameter_count(family, widths, learned_w):
   # Slot tables N(0,1): std near 1 over all (unpadded) rows.
   assert 0.7 < float(jnp.std(params["tables"][0, :values[0]])) < 1.4
   padded_rows = sum(max(values) - v for v in values) * max_objects
-  tables = (2 if family == "sum_product" else 1) * padded_rows * 6
+  tables = (2 if family in ("sum_product", "per_object_sum_product") else 1) * padded_rows * 6
   leaves = sum(np.size(x) for x in jax.tree_util.tree_leaves(params))
   assert model.num_parameters() == leaves - tables
 
 
 def test_batch_of_models_is_one_vmap():
-  model = binding.make("sum_product", VALUES, 2, out_dim=4, embed_dim=3)
+  model = families.make("sum_product", VALUES, 2, out_dim=4, embed_dim=3)
   keys = jax.random.split(jax.random.PRNGKey(0), 3)
   stacked = jax.vmap(model.init)(keys)
   x = scenes(5)
@@ -84,11 +87,11 @@ def test_additive_and_per_object_forms_are_what_they_claim():
   swapped = x[:, ::-1]
   # Per-object product with shared tables across objects is order-invariant; additive over
   # slots cannot tell which value belongs to which object.
-  model = binding.make("per_object_product", VALUES, 2, out_dim=3, embed_dim=4)
+  model = families.make("per_object_product", VALUES, 2, out_dim=3, embed_dim=4)
   params = model.init(jax.random.PRNGKey(2))
   params["tables"] = params["tables"].at[2:].set(params["tables"][:2])
   np.testing.assert_allclose(model.apply(params, x), model.apply(params, swapped), rtol=1e-5)
-  additive = binding.make("additive", VALUES, 2, out_dim=3, embed_dim=4)
+  additive = families.make("additive", VALUES, 2, out_dim=3, embed_dim=4)
   p = additive.init(jax.random.PRNGKey(3))
   p["tables"] = p["tables"].at[1].set(p["tables"][3]).at[0].set(p["tables"][2])
   recombined = jnp.stack([x[:, :, 0], x[:, ::-1, 1]], -1)  # swap concept-1 values between objects
@@ -97,18 +100,18 @@ def test_additive_and_per_object_forms_are_what_they_claim():
 
 def test_invalid_models_raise():
   with pytest.raises(ValueError, match="family"):
-    binding.make("tree", VALUES, 2, 4)
+    families.make("tree", VALUES, 2, 4)
   with pytest.raises(ValueError, match="widths"):
-    binding.make("mlp", VALUES, 2, 4)
+    families.make("mlp", VALUES, 2, 4)
   with pytest.raises(ValueError, match="widths"):
-    binding.make("additive", VALUES, 2, 4, widths=(8,))
+    families.make("additive", VALUES, 2, 4, widths=(8,))
   with pytest.raises(ValueError, match="learned_w"):
-    binding.make("per_object_product", VALUES, 2, 4, learned_w=True)
-  assert binding.make("mlp", VALUES, 2, 4, widths=(8, 2)).name == "mlp[8,2]"
-  assert binding.make("product", VALUES, 2, 4, learned_w=True).name == "product(W)"
+    families.make("per_object_product", VALUES, 2, 4, learned_w=True)
+  assert families.make("mlp", VALUES, 2, 4, widths=(8, 2)).name == "mlp[8,2]"
+  assert families.make("product", VALUES, 2, 4, learned_w=True).name == "product(W)"
 
 
 def test_one_hot_slots():
   x = jnp.asarray([[[0, 2], [1, 0]]])
-  np.testing.assert_array_equal(binding.one_hot_slots(x, (2, 3)),
+  np.testing.assert_array_equal(families.one_hot_slots(x, (2, 3)),
                                 [[1, 0, 0, 0, 1, 0, 1, 1, 0, 0]])

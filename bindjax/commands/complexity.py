@@ -1,10 +1,28 @@
 """`bindjax complexity --config=experiments/complexity.py:ARG --workdir=DIR`.
 
-Fits the binding-function approximators of SPEC §11 over a grid of train fractions, seeds and
-learning rates (one jit(vmap) per approximator shape, sharded over all devices) and writes
-DIR/results.csv, DIR/results.json and DIR/complexity.png.
+Binding-function complexity (docs/complexity.md): which function families of a scene's concept
+values reproduce its embedding on objects never seen in training. For every approximator, train
+fraction of objects, seed and learning rate, a model is fitted by full-batch MSE on the scenes
+whose objects are all training objects and scored on train-only, test-only and mixed scenes by
+frozen linear probes. Writes DIR/results.csv (one row per fit), DIR/summary.csv (median and
+spread over seeds per model and fraction), DIR/results.json (everything, with histories) and
+DIR/complexity.png.
+
+Config fields (--config.FIELD=VALUE): embeddings (set directory); models (comma list:
+mlp:W1xW2.., additive, product, product:W, sum_product, sum_product:W, per_object_product,
+per_object_sum_product, per_object_sum_product:W); train_fractions, seeds, learning_rates
+(tuples: the grid); steps, eval_every, schedule (constant as the original, or cosine),
+eval_cadence (original: after steps 1, 101, …; end: after 100, 200, …); embed_dim (slot
+embedding width, 0 = D); probes (auto | stored | fit), probes_file (a probes.npz of `bindjax
+probe`), probe_steps, probe_similarity; chunk_size (auto | none | n models at once),
+memory_bytes; trees, tree_models, tree_estimators; overwrite.
+
+In the original code: "sum+product" is sum_product; it reports one run and the final
+evaluation, which results.csv has as final_* beside the best over evaluations (best_*).
 """
 import sys
+
+from absl import flags
 
 from bindjax.commands import flags as flags_lib
 
@@ -12,12 +30,13 @@ from bindjax.commands import flags as flags_lib
 def main(argv):
   """Runs the command; returns the exit code."""
   fv = flags_lib.new_flag_values(config_help="complexity config (experiments/complexity.py:ARG)")
-  flags_lib.parse(fv, argv, required=("config", "workdir"))
-  from bindjax import complexity  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
+  flags_lib.parse(fv, argv, required=("config", "workdir"), description=__doc__)
+  from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
   try:
-    complexity.run(fv["config"].value, fv["workdir"].value)
+    analysis.run(fv["config"].value, fv["workdir"].value, progress=fv["progress"].value)
   except (ValueError, FileExistsError) as e:
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1
-  print(f"wrote {fv['workdir'].value}/results.csv, results.json and complexity.png")
+  print(f"wrote {fv['workdir'].value}/results.csv, summary.csv, results.json and complexity.png")
   return 0

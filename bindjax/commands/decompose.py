@@ -1,7 +1,16 @@
 """`bindjax decompose --embeddings=DIR --workdir=OUT [--config=experiments/geometry.py:ARG]`.
 
-Additive object/concept fits, object estimates and the subtraction suite (SPEC §10); writes
-OUT/decomposition.json. Nothing is written when the input is rejected.
+Additive decomposition of 2-object scene embeddings: an object model (one vector per object and
+slot) and a concept model (one per concept value and slot), fitted and in closed form; object
+estimates from the banks (obj-avg = the original's position-independent bank, pos-avg = its
+position-dependent bank, single-object); and the subtraction suite: linear probes fitted on the
+embeddings, on the embeddings minus each model's reconstruction and minus permuted controls.
+Writes OUT/decomposition.json; nothing is written when the input is rejected. The suite fits its
+probes on the subtracted embeddings, so it cannot take a probes file.
+
+Config fields: decomposition.steps, learning_rate, weight_decay, batch_size, train_fraction,
+seed, banks, control_seed, tie_tolerance, subtract (least_squares | fit); obj_avg_counting
+(occurrences as the original, or scenes); probe.* (the suite's probes).
 """
 import os
 import sys
@@ -12,7 +21,7 @@ from bindjax.commands import geometry_flags
 def main(argv):
   """Runs the command; returns the exit code."""
   fv = geometry_flags.new_flag_values()
-  geometry_flags.parse(fv, argv)
+  geometry_flags.parse(fv, argv, __doc__)
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import common  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top

@@ -17,6 +17,7 @@ several commands in one process).
 import contextlib
 import os
 import sys
+import textwrap
 
 from absl import flags
 from ml_collections import config_flags
@@ -87,8 +88,11 @@ def define_overwrite(flag_values):
                     "what the command writes there", flag_values=flag_values)
 
 
-def parse(flag_values, argv, required=()):
-  """Parses argv (argv[0] is the program name) into flag_values; clear errors for bad input."""
+def parse(flag_values, argv, required=(), description=None):
+  """Parses argv (argv[0] is the program name) into flag_values; clear errors for bad input.
+
+  --help prints `description` (what the command does; e.g. its module docstring), then the flags.
+  """
   argv = list(argv)
   # ml_collections finds `--config.field=value` overrides in sys.argv at parse time; point it at
   # this argv so commands called in-process (tests, notebooks) see their own overrides.
@@ -100,6 +104,8 @@ def parse(flag_values, argv, required=()):
   finally:
     sys.argv = saved_argv
   if flag_values["help"].value:
+    if description:
+      print(textwrap.dedent(description).strip() + "\n\nflags:")
     # get_help, not main_module_help: the flags are defined in several modules (this one and the
     # command's), and main_module_help shows only one of them.
     print(flag_values.get_help())

@@ -17,6 +17,6 @@ def new_flag_values():
   return fv
 
 
-def parse(fv, argv):
-  """Parses argv into fv; --embeddings and --workdir are required."""
-  flags_lib.parse(fv, argv, required=("embeddings", "workdir"))
+def parse(fv, argv, description=None):
+  """Parses argv into fv; --embeddings and --workdir are required (see `flags.parse`)."""
+  flags_lib.parse(fv, argv, required=("embeddings", "workdir"), description=description)

@@ -1,9 +1,19 @@
 """`bindjax interventions --embeddings=DIR --workdir=OUT [--config=experiments/geometry.py:ARG]`.
 
-Object-replacement interventions (SPEC §10) for every bank and edit strength; writes
-OUT/interventions_summary.json and OUT/interventions_cases.jsonl. Banks, strengths and the
-attribute/shape concepts come from the config (`--config.interventions.banks=obj-avg,pos-avg`,
-`--config.interventions.strengths=1,1.5`). Nothing is written when the input is rejected.
+Object-replacement interventions: in a 2-object scene, recolour one object by subtracting its
+object vector and adding the vector of the recoloured object (times an edit strength k), then
+check that the nearest scene is the scene that really holds the recoloured object. Object
+vectors come from a bank: obj-avg (the mean of the scenes holding the object; the original's
+position-independent bank, averaged over slot occurrences), pos-avg (the mean per slot; the
+original's position-dependent bank) or single-object scenes. Writes
+OUT/interventions_summary.json and OUT/interventions_cases.jsonl; nothing is written when the
+input is rejected.
+
+Config fields: interventions.banks (auto or a comma list), interventions.strengths (comma list
+of k), interventions.attribute_concept / shape_concept, interventions.seed, target_draws, pool,
+tie_tolerance, interventions.probes (auto | stored | fit | none: probe vectors that also score
+the edited embeddings), interventions.probes_file (a probes.npz of `bindjax probe`, instead of
+fitting), obj_avg_counting (occurrences as the original, or scenes), probe.* (probe fitting).
 """
 import os
 import sys
@@ -14,7 +24,7 @@ from bindjax.commands import geometry_flags
 def main(argv):
   """Runs the command; returns the exit code."""
   fv = geometry_flags.new_flag_values()
-  geometry_flags.parse(fv, argv)
+  geometry_flags.parse(fv, argv, __doc__)
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import common  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top

@@ -19,7 +19,7 @@ def main(argv):
   flags.DEFINE_multi_string("quadruple", None, "attribute_a,attribute_b,shape_x,shape_y "
                             "(repeatable; default: config mds.quadruples, ';'-separated)",
                             flag_values=fv)
-  geometry_flags.parse(fv, argv)
+  geometry_flags.parse(fv, argv, __doc__)
   prog, workdir = argv[0], fv["workdir"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top

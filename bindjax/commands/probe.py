@@ -1,9 +1,13 @@
 """`bindjax probe --embeddings=DIR [--workdir=OUT] [--steps=10000] [--similarity=dot|cosine]`.
 
-Fits the SPEC §9 linear probes (one per concept plus the object probe) on an embedding set (the
-native format or a folder of the original code) and writes OUT/probes.npz (EmbeddingSet.probes
-naming: concept_0.., object) and OUT/probe_metrics.json (train/test concept and object accuracy
-and losses). OUT defaults to DIR.
+Fits linear probes on frozen embeddings (docs/probes.md): one bias-free linear map per concept
+and one for the object identity, trained together (summed soft cross-entropy, Adam with a cosine
+decay, full batch) on a random split of the scenes (--train_fraction, torch-compatible randperm
+from --seed, as the original code splits). DIR is a native embedding set, a TFDS-built one or a
+folder written by the original code. Writes OUT/probes.npz (arrays concept_0, concept_1, …,
+object; rows are classes) and OUT/probe_metrics.json (train and test concept and object
+accuracy, losses). OUT defaults to DIR. `bindjax complexity` and `bindjax interventions` take
+the probes.npz as `probes_file`, so the probes are fitted once.
 """
 import os
 import sys
@@ -11,26 +15,6 @@ import sys
 from absl import flags
 
 from bindjax.commands import flags as flags_lib
-
-
-def load_embedding_set(directory):
-  """A native or TFDS-built embedding set, or a folder written by the original code."""
-  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
-  return embeddings.read_embeddings(directory)
-
-
-def write_probes(probes, metrics, workdir):
-  """Writes probes.npz and probe_metrics.json atomically; returns their paths."""
-  import io  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from bindjax import files  # pylint: disable=g-import-not-at-top
-  buffer = io.BytesIO()
-  np.savez(buffer, **probes)
-  probes_path = os.path.join(workdir, "probes.npz")
-  metrics_path = os.path.join(workdir, "probe_metrics.json")
-  files.write_atomic(probes_path, buffer.getvalue())
-  files.write_json(metrics_path, metrics, indent=1)
-  return probes_path, metrics_path
 
 
 def main(argv):
@@ -45,7 +29,9 @@ def main(argv):
   flags.DEFINE_float("train_fraction", 0.4, "fraction of scenes for training", flag_values=fv)
   flags.DEFINE_integer("seed", 0, "split (torch-compatible randperm) and init seed",
                        flag_values=fv)
-  flags_lib.parse(fv, argv, required=("embeddings",))
+  flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
+  flags_lib.parse(fv, argv, required=("embeddings",), description=__doc__)
+  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
   from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
   directory = fv["embeddings"].value
   workdir = fv["workdir"].value or directory
@@ -54,13 +40,13 @@ def main(argv):
                                 similarity=fv["similarity"].value,
                                 train_fraction=fv["train_fraction"].value,
                                 seed=fv["seed"].value).validate()
-    embedding_set = load_embedding_set(directory)
+    embedding_set = embeddings.read_embeddings(directory)
   except ValueError as e:
     print(f"{argv[0]}: {e}", file=sys.stderr)
     return 1
-  probes, metrics = linear.run_probes(embedding_set, config)
+  probes, metrics = linear.run_probes(embedding_set, config, progress=fv["progress"].value)
   metrics["embeddings"] = os.path.abspath(directory)
-  probes_path, metrics_path = write_probes(probes, metrics, workdir)
+  probes_path, metrics_path = linear.write_probes(probes, metrics, workdir)
   for split in ("train", "test"):
     m = metrics[split]
     print(f"{split}: concept acc {m['concept_acc']:.3f}  object acc {m['object_acc']:.3f}  "

@@ -19,6 +19,7 @@ import _compat_pickle
 import codecs
 import collections
 import io
+import os
 import pickle
 
 import numpy as np
@@ -27,10 +28,13 @@ import numpy as np
 class RefusedGlobalError(pickle.UnpicklingError):
   """A pickle named a global outside the allow-list; nothing from the file was executed."""
 
-  def __init__(self, name):
+  def __init__(self, name, path=None):
     self.name = name
+    self.path = None if path is None else os.fspath(path)
+    where = f"{self.path}: " if self.path else ""
     super().__init__(
-        f"refusing to load global {name!r} from a pickle: bindjax only reads torch tensors and "
+        f"{where}refusing to load global {name!r} from a pickle: bindjax only reads torch "
+        "tensors and "
         "storages, torch.nn Linear/containers as plain state, numpy arrays, "
         "collections.OrderedDict and sets (never code from the file)")
 
@@ -332,6 +336,9 @@ def load(file_or_bytes, persistent_load=None, extra_globals=None):
     file_or_bytes = io.BytesIO(file_or_bytes)
   if isinstance(file_or_bytes, (str, bytes)) or hasattr(file_or_bytes, "__fspath__"):
     with open(file_or_bytes, "rb") as f:
-      return RestrictedUnpickler(f, persistent_load, extra_globals, encoding="latin1").load()
+      try:
+        return RestrictedUnpickler(f, persistent_load, extra_globals, encoding="latin1").load()
+      except RefusedGlobalError as e:
+        raise RefusedGlobalError(e.name, file_or_bytes) from None
   return RestrictedUnpickler(file_or_bytes, persistent_load, extra_globals,
                              encoding="latin1").load()

@@ -43,7 +43,7 @@ def load(path):
     with open(path, "rb") as f:
       return _load_stream(f)
   except safe_pickle.RefusedGlobalError as e:
-    raise safe_pickle.RefusedGlobalError(e.name) from None
+    raise safe_pickle.RefusedGlobalError(e.name, path) from None
   except (pickle.UnpicklingError, EOFError, struct.error, zipfile.BadZipFile, KeyError,
           TypeError, ValueError, IndexError) as e:
     raise ValueError(f"{path}: not a readable torch.save file or pickle: {e}") from e

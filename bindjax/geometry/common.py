@@ -10,6 +10,9 @@ import os
 import numpy as np
 
 BANKS = ("obj-avg", "pos-avg", "single-object")
+# How obj-avg weighs a scene holding the same object twice: twice ("occurrences", the original
+# code's average over slot occurrences) or once ("scenes").
+OBJ_AVG_COUNTINGS = ("occurrences", "scenes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,20 +73,25 @@ def _means(member_UxN, values_NxD):
   return sums_UxD / np.maximum(counts_U, 1)[:, None], counts_U > 0
 
 
-def object_bank(name, index, embeddings_AxD):
+def object_bank(name, index, embeddings_AxD, obj_avg_counting="occurrences"):
   """Bank `name` (one of BANKS) from the rows of `embeddings_AxD` (all rows of the set).
 
-  obj-avg: mean of the 2-object scenes containing the object (a scene holding it twice counts
-  once); pos-avg: mean of the 2-object scenes holding it in each slot; single-object: its
+  obj-avg: mean of the 2-object scenes containing the object, over its slot occurrences (a
+  scene holding it twice counts twice) or, with obj_avg_counting="scenes", over scenes;
+  pos-avg: mean of the 2-object scenes holding it in each slot; single-object: its
   single-object scene(s). Raises ValueError for single-object on a set without such scenes.
   """
+  if obj_avg_counting not in OBJ_AVG_COUNTINGS:
+    raise ValueError(f"obj_avg_counting={obj_avg_counting!r}: expected one of "
+                     f"{OBJ_AVG_COUNTINGS}")
   embeddings_AxD = np.asarray(embeddings_AxD, np.float64)
   num_u = index.num_objects
   two_NxD = embeddings_AxD[index.rows_N]
   objects_U = np.arange(num_u)
   if name == "obj-avg":
-    member_UxN = (index.ids_Nx2[None, :, 0] == objects_U[:, None]) | (
-        index.ids_Nx2[None, :, 1] == objects_U[:, None])
+    in_slot_2xUxN = index.ids_Nx2.T[:, None, :] == objects_U[None, :, None]
+    member_UxN = (in_slot_2xUxN.sum(0) if obj_avg_counting == "occurrences"
+                  else in_slot_2xUxN.any(0))
     vectors_UxD, present_U = _means(member_UxN, two_NxD)
     return ObjectBank(name, vectors_UxD[None], present_U[None])
   if name == "pos-avg":

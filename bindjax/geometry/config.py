@@ -24,6 +24,7 @@ def get_config(preset="paper"):
   cfg.preset = preset
   cfg.dataset_name = ""   # labels for interventions tables; default: provenance / folder name
   cfg.model_name = ""
+  cfg.obj_avg_counting = "occurrences"  # obj-avg over slot occurrences (original) or "scenes"
   cfg.decomposition = ml_collections.ConfigDict(dict(
       steps=fit_steps, learning_rate=fit.learning_rate, weight_decay=fit.weight_decay,
       batch_size=fit.batch_size, train_fraction=fit.train_fraction, seed=fit.seed,
@@ -35,7 +36,7 @@ def get_config(preset="paper"):
   cfg.interventions = ml_collections.ConfigDict(dict(
       banks="auto", strengths="1", attribute_concept=iv.attribute_concept,
       shape_concept=iv.shape_concept, seed=iv.seed, target_draws=iv.target_draws, pool=iv.pool,
-      tie_tolerance=iv.tie_tolerance, probes=iv.probes))
+      tie_tolerance=iv.tie_tolerance, probes=iv.probes, probes_file=iv.probes_file))
   cfg.mds = ml_collections.ConfigDict(dict(
       quadruples="", bank="pos-avg", random_state=0, n_init=4, attribute_concept=0,
       shape_concept=1))
@@ -75,7 +76,7 @@ def decomposition_config(cfg):
   return decomposition.DecompositionConfig(
       fit=fit.validate(), probe=probe_config(cfg), banks=_banks(d.banks),
       control_seed=int(d.control_seed), tie_tolerance=float(d.tie_tolerance),
-      subtract=str(d.subtract)).validate()
+      subtract=str(d.subtract), obj_avg_counting=str(cfg.obj_avg_counting)).validate()
 
 
 def intervention_config(cfg):
@@ -85,7 +86,8 @@ def intervention_config(cfg):
       banks=_banks(i.banks), strengths=_floats(i.strengths, "interventions.strengths"),
       attribute_concept=int(i.attribute_concept), shape_concept=int(i.shape_concept),
       seed=int(i.seed), target_draws=str(i.target_draws), pool=str(i.pool),
-      tie_tolerance=float(i.tie_tolerance), probes=str(i.probes), probe=probe_config(cfg))
+      tie_tolerance=float(i.tie_tolerance), probes=str(i.probes), probe=probe_config(cfg),
+      probes_file=str(i.probes_file), obj_avg_counting=str(cfg.obj_avg_counting))
 
 
 def from_flags(flag_values):

@@ -73,10 +73,14 @@ class DecompositionConfig:
   # Reconstruction subtracted in the suite: the exact least-squares solution of each additive
   # model (default; the optimum the fit approaches) or the AdamW-fitted tables as they end.
   subtract: str = "least_squares"
+  obj_avg_counting: str = "occurrences"  # see common.OBJ_AVG_COUNTINGS
 
   def validate(self):
     if self.subtract not in SUBTRACT:
       raise ValueError(f"subtract={self.subtract!r}: expected one of {SUBTRACT}")
+    if self.obj_avg_counting not in common.OBJ_AVG_COUNTINGS:
+      raise ValueError(f"obj_avg_counting={self.obj_avg_counting!r}: expected one of "
+                       f"{common.OBJ_AVG_COUNTINGS}")
     self.fit.validate()
     self.probe.validate()
     return self
@@ -230,9 +234,9 @@ def _subtraction_suite(stack_MxNxD, y_NxD, labels, config):
   return suite, weights
 
 
-def _bank_reconstruction(bank_name, index, embeddings_AxD, mean_D, y_NxD):
+def _bank_reconstruction(bank_name, index, embeddings_AxD, mean_D, y_NxD, obj_avg_counting):
   """(centred reconstruction u[o1] + u[o2], info); rows lacking an estimate are zero."""
-  bank = common.object_bank(bank_name, index, embeddings_AxD)
+  bank = common.object_bank(bank_name, index, embeddings_AxD, obj_avg_counting)
   centre_D = (embeddings_AxD[index.single_rows_S].mean(0) if bank_name == "single-object"
               else mean_D)
   tables = [bank.slot(s) for s in (0, 1)]
@@ -283,7 +287,7 @@ def run_decomposition(embedding_set, config=DecompositionConfig()):
                      "concept_model": (con_solutions["fit"][1], {"r2": con_info["r2_all"]})}
   for bank_name in banks:
     reconstructions[bank_name] = _bank_reconstruction(bank_name, index, embeddings_AxD, mean_D,
-                                                      y_NxD)
+                                                      y_NxD, config.obj_avg_counting)
   names = list(reconstructions)
   base_weights = jax.tree_util.tree_map(lambda x: x[0], weights)
   frozen = _score_stack(base_weights, np.stack([reconstructions[k][0] for k in names]).astype(

@@ -45,6 +45,8 @@ class InterventionConfig:
   tie_tolerance: float = 1e-6
   probes: str = "auto"              # stored probe vectors if the set has them, else fitted ones
   probe: linear.ProbeConfig = linear.ProbeConfig()
+  probes_file: str = ""             # a probes.npz of `bindjax probe`: used instead of `probes`
+  obj_avg_counting: str = "occurrences"  # see common.OBJ_AVG_COUNTINGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +84,11 @@ def validate_config(config, embedding_set, index):
     if missing:
       raise ValueError(f"probes='stored' but the embedding set lacks probe vectors {missing}; "
                        "use probes='fit'")
+  if config.obj_avg_counting not in common.OBJ_AVG_COUNTINGS:
+    raise ValueError(f"obj_avg_counting={config.obj_avg_counting!r}: expected one of "
+                     f"{common.OBJ_AVG_COUNTINGS}")
+  if config.probes_file:
+    linear.weights_from_file(config.probes_file, embedding_set.values_per_concept)
   strengths = tuple(float(k) for k in config.strengths)
   if not strengths:
     raise ValueError("strengths: expected at least one edit strength k")
@@ -137,6 +144,10 @@ def concept_probe_weights(embedding_set, config):
   """(concept probe matrices [V_c, D] per concept, source): the set's stored probe vectors
   ("stored") or linear probes fitted on the set ("fitted"); (None, None) for probes="none"."""
   num_concepts = len(embedding_set.values_per_concept)
+  if config.probes_file:
+    weights = linear.weights_from_file(config.probes_file, embedding_set.values_per_concept)
+    return [np.asarray(weights.concept_CxVxD[c, :v], np.float64)
+            for c, v in enumerate(embedding_set.values_per_concept)], config.probes_file
   stored = embedding_set.probes or {}
   if config.probes == "none":
     return None, None
@@ -237,7 +248,7 @@ def run_interventions(embedding_set, config=InterventionConfig()):
   weights, probe_source = concept_probe_weights(embedding_set, config)
   results, rows = {}, []
   for bank_name in banks:
-    bank = common.object_bank(bank_name, index, embeddings_AxD)
+    bank = common.object_bank(bank_name, index, embeddings_AxD, config.obj_avg_counting)
     results[bank_name], bank_rows = _evaluate_bank(bank, cases, index, embeddings_AxD, keys,
                                                    pool_rows, weights, strengths, config)
     rows += bank_rows

@@ -1,16 +1,19 @@
-"""Linear concept and object probes on frozen embeddings (SPEC §8, §9).
+"""Linear concept and object probes on frozen embeddings (docs/probes.md).
 
 One bias-free linear map D→V_c per concept and one D→U for objects, trained together with the
-summed soft cross-entropy of every head, Adam and a cosine decay to 0, full batch, as a single
-compiled `lax.scan`. `fit_probes` takes a stack of M embedding matrices sharing labels and split
-and fits them all in one `jit(vmap)`; `score_embeddings` scores any (e.g. predicted) embeddings
+summed soft cross-entropy of every head, Adam and a cosine decay to 0, full batch over the
+training rows, as compiled `lax.scan` chunks. `fit_probes` takes a stack of M embedding matrices
+sharing labels and split and fits them all in one `jit(vmap)`; `score_embeddings` scores any (e.g. predicted) embeddings
 with frozen probes and is vmappable over models.
 
 Concept heads of different V_c are padded to max V_c and masked, so all heads live in one array.
 """
 import dataclasses
 import functools
+import io
 import math
+import os
+import zipfile
 
 import flax
 import jax
@@ -18,7 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bindjax import files
 from bindjax import objectives
+from bindjax import progress as progress_lib
 
 SIMILARITIES = ("dot", "cosine")
 # exp(2.659) = 1/0.07, the usual learnable-temperature start for cosine logits.
@@ -74,7 +79,8 @@ class ProbeWeights:
 
 def probe_labels(objects_NxKxC, num_objects_N, values_per_concept, scene_object_ids_NxK,
                  num_unique):
-  """Builds ProbeLabels from scenes (objects padded with -1) and SPEC §8 object ids."""
+  """Builds ProbeLabels from scenes (objects padded with -1) and their object ids (first
+  appearance order, docs/probes.md "Targets and loss")."""
   objects_NxKxC = np.asarray(objects_NxKxC)
   num_objects_N = np.asarray(num_objects_N)
   ids_NxK = np.asarray(scene_object_ids_NxK)
@@ -111,14 +117,14 @@ def labels_from_set(embedding_set):
 
 
 def split_count(num_rows, fraction):
-  """Training rows of a split: clamp(int(fraction·n), 1, n-1) (SPEC §8, §11)."""
+  """Training rows of a split: clamp(int(fraction·n), 1, n-1) (docs/probes.md "Training")."""
   if num_rows < 2:
     raise ValueError(f"num_rows={num_rows}: a split needs at least 2 rows")
   return min(max(1, int(fraction * num_rows)), num_rows - 1)
 
 
 def scene_split(num_scenes, seed, train_fraction=0.4):
-  """SPEC §8 scene split: torch-compatible randperm(N) from `seed`; train = first clamp(int(fN))."""
+  """Scene split: torch-compatible randperm(N) from `seed`; train = first clamp(int(fN))."""
   from bindjax.compat import torch_random  # pylint: disable=g-import-not-at-top
   perm = np.asarray(torch_random.randperm(num_scenes, seed), np.int64)
   n_train = split_count(num_scenes, train_fraction)
@@ -218,43 +224,52 @@ def init_weights(key, values_per_concept, num_unique, dim, config):
   return ProbeWeights(concept, obj, log_t)
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _fit_stack(embeddings_MxNxD, labels, train_mask_N, key, config):
-  values_per_concept = labels.values_per_concept
-  num_unique = labels.object_NxU.shape[-1]
-  dim = embeddings_MxNxD.shape[-1]
-  schedule = optax.cosine_decay_schedule(config.learning_rate, config.steps)
-  optimizer = optax.adam(schedule)
-  trainable = {"concept_CxVxD": True, "object_UxD": True,
-               "log_temperature_H": config.similarity == "cosine"}
+# Steps per compiled chunk of a probe fit (at most; a divisor of the steps): the host reports
+# progress between chunks.
+MAX_CHUNK_STEPS = 1000
 
-  def fit_one(z_NxD):
-    weights = init_weights(key, values_per_concept, num_unique, dim, config)
-    opt_state = optimizer.init(weights)
 
-    def loss_fn(w):
-      return probe_loss(w, z_NxD, labels, train_mask_N, config.similarity)
+def _optimizer(config):
+  return optax.adam(optax.cosine_decay_schedule(config.learning_rate, config.steps))
 
+
+@functools.partial(jax.jit, static_argnames=("config", "num_models", "dim"))
+def _init_stack(key, labels, num_models, dim, config):
+  weights = init_weights(key, labels.values_per_concept, labels.object_NxU.shape[-1], dim, config)
+  stacked = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (num_models,) + x.shape),
+                                   weights)
+  return stacked, jax.vmap(_optimizer(config).init)(stacked)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "num_steps"), donate_argnums=(0, 1))
+def _train_stack(weights, opt_state, embeddings_MxTxD, labels, config, num_steps):
+  """num_steps Adam steps of every model on all T (training) rows; returns losses [M, steps]."""
+  optimizer = _optimizer(config)
+  all_rows_T = jnp.ones(embeddings_MxTxD.shape[1], bool)
+
+  def fit_one(w, state, z_TxD):
     def step(carry, _):
       w, state = carry
-      loss, grads = jax.value_and_grad(loss_fn)(w)
-      if not trainable["log_temperature_H"]:
+      loss, grads = jax.value_and_grad(probe_loss)(w, z_TxD, labels, all_rows_T,
+                                                   config.similarity)
+      if config.similarity != "cosine":  # Dot logits have no temperature to learn.
         grads = grads.replace(log_temperature_H=jnp.zeros_like(grads.log_temperature_H))
       updates, state = optimizer.update(grads, state, w)
       return (optax.apply_updates(w, updates), state), loss
 
-    (weights, _), losses = jax.lax.scan(step, (weights, opt_state), None, length=config.steps)
-    return weights, losses
+    (w, state), losses = jax.lax.scan(step, (w, state), None, length=num_steps)
+    return w, state, losses
 
-  return jax.vmap(fit_one)(embeddings_MxNxD)
+  return jax.vmap(fit_one)(weights, opt_state, embeddings_MxTxD)
 
 
-def fit_probes(embeddings, labels, train_mask_N, config=ProbeConfig()):
+def fit_probes(embeddings, labels, train_mask_N, config=ProbeConfig(), on_chunk=None):
   """Fits all probe heads on the rows of train_mask, for one [N,D] or a stack [M,N,D] of embeddings.
 
-  All M stacks share labels, split and initial weights (seed), and are fitted in one
-  jit(vmap(lax.scan)). Returns (ProbeWeights, loss curve [steps]) with a leading M axis when the
-  input was a stack.
+  All M stacks share labels, split and initial weights (seed) and are fitted in one jit(vmap) on
+  their training rows alone (gathered once), in compiled chunks of at most MAX_CHUNK_STEPS
+  steps; on_chunk(steps_in_chunk, loss_M) is called after each. Returns (ProbeWeights, loss
+  curve [steps]) with a leading M axis when the input was a stack.
   """
   config.validate()
   embeddings = jnp.asarray(embeddings, jnp.float32)
@@ -263,13 +278,24 @@ def fit_probes(embeddings, labels, train_mask_N, config=ProbeConfig()):
     embeddings = embeddings[None]
   if embeddings.ndim != 3:
     raise ValueError(f"embeddings shape {embeddings.shape}: expected [N, D] or [M, N, D]")
-  n = embeddings.shape[1]
-  train_mask_N = jnp.asarray(train_mask_N).astype(bool)
+  num_models, n, dim = embeddings.shape
+  train_mask_N = np.asarray(train_mask_N).astype(bool)
   if train_mask_N.shape != (n,) or labels.object_NxU.shape[0] != n:
     raise ValueError(f"train_mask shape {train_mask_N.shape} and labels rows "
                      f"{labels.object_NxU.shape[0]}: expected both to have N={n} rows")
-  weights, losses = _fit_stack(embeddings, labels, train_mask_N,
-                               jax.random.PRNGKey(config.seed), config)
+  rows_T = np.flatnonzero(train_mask_N)
+  train_MxTxD, train_labels = embeddings[:, rows_T], labels.take(rows_T)
+  weights, opt_state = _init_stack(jax.random.PRNGKey(config.seed), labels, num_models, dim,
+                                   config)
+  chunk = max(d for d in range(1, min(config.steps, MAX_CHUNK_STEPS) + 1) if config.steps % d == 0)
+  losses = []
+  for _ in range(config.steps // chunk):
+    weights, opt_state, loss_MxS = _train_stack(weights, opt_state, train_MxTxD, train_labels,
+                                                config, chunk)
+    losses.append(np.asarray(loss_MxS))
+    if on_chunk is not None:
+      on_chunk(chunk, losses[-1][:, -1])
+  losses = np.concatenate(losses, axis=1)
   if single:
     weights, losses = jax.tree_util.tree_map(lambda x: x[0], (weights, losses))
   return weights, losses
@@ -317,13 +343,51 @@ def probes_to_weights(probes, values_per_concept):
                       jnp.zeros(len(values_per_concept) + 1, jnp.float32))
 
 
+PROBES_FILE = "probes.npz"
+METRICS_FILE = "probe_metrics.json"
+
+
+def write_probes(probes, metrics, workdir):
+  """Writes workdir/probes.npz and workdir/probe_metrics.json atomically; returns their paths."""
+  buffer = io.BytesIO()
+  np.savez(buffer, **probes)
+  probes_path = os.path.join(workdir, PROBES_FILE)
+  metrics_path = os.path.join(workdir, METRICS_FILE)
+  files.write_atomic(probes_path, buffer.getvalue())
+  files.write_json(metrics_path, files.to_jsonable(metrics), indent=1)
+  return probes_path, metrics_path
+
+
+def read_probes_file(path):
+  """Probe vectors of a probes.npz as `bindjax probe` writes it ({head name: [Q, D] array}).
+
+  Raises ValueError naming the file when it is missing or not an npz of arrays.
+  """
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      return {k: f[k] for k in f.files}
+  except (OSError, ValueError, zipfile.BadZipFile, AttributeError) as e:
+    raise ValueError(f"probes file {path}: expected a probes.npz written by `bindjax probe` "
+                     f"({type(e).__name__}: {e})") from None
+
+
+def weights_from_file(path, values_per_concept):
+  """ProbeWeights (dot scoring) of a probes.npz; ValueError naming the file on a bad file."""
+  try:
+    return probes_to_weights(read_probes_file(path), values_per_concept)
+  except ValueError as e:
+    raise ValueError(f"probes file {path}: {e}" if str(path) not in str(e) else str(e)) from None
+
+
 def to_python(metrics):
   """Arrays -> floats/lists for JSON."""
   return jax.tree_util.tree_map(lambda x: np.asarray(x).tolist(), metrics)
 
 
-def run_probes(embedding_set, config=ProbeConfig()):
-  """SPEC §9 on an EmbeddingSet: split, fit, score train and test.
+def run_probes(embedding_set, config=ProbeConfig(), progress=False):
+  """The probe analysis of an EmbeddingSet (docs/probes.md): split, fit, score train and test.
+
+  progress: show a progress bar (steps, rate, ETA, training loss) on stderr while fitting.
 
   Returns (probes dict in EmbeddingSet naming, metrics dict of JSON-ready values).
   """
@@ -332,7 +396,11 @@ def run_probes(embedding_set, config=ProbeConfig()):
   n = embedding_set.embeddings.shape[0]
   train_rows, test_rows = scene_split(n, config.seed, config.train_fraction)
   train_mask = rows_to_mask(train_rows, n)
-  weights, losses = fit_probes(embedding_set.embeddings, labels, train_mask, config)
+  bar, on_chunk = progress_lib.loss_bar(config.steps, "step", progress)
+  try:
+    weights, losses = fit_probes(embedding_set.embeddings, labels, train_mask, config, on_chunk)
+  finally:
+    bar.close()
   z = jnp.asarray(embedding_set.embeddings, jnp.float32)
   metrics = {
       "train": to_python(score_embeddings(weights, z, labels, train_mask, config.similarity)),

@@ -5,7 +5,7 @@ r"""Benchmark: the paper's complexity grid as one batch vs one fit at a time vs 
 
 The grid: train fractions 0.1..0.9 × {MLP 1024, product, sum+product}, lr 1e-2 (27 fits) on a
 CLEVR-sized synthetic embedding set (24 objects, all 576 ordered pairs, D=512). Three ways:
-  batch       `complexity.fit_grid`: a jit(vmap) per approximator shape (3 programs, 9 models)
+  batch       `fitting.fit_grid`: compiled programs per approximator shape and training count
   sequential  the same code one model at a time (`fit_models` with M=1; compiled once per shape)
   processes   a separate `bindjax complexity` process per fit (how the original code runs them);
               with --process_samples=S < 27 only S processes run (one per family first) and the
@@ -34,9 +34,9 @@ VALUES = (8, 3)
 
 def synthetic_set(dim, seed=0):
   """CLEVR-sized set: per-object vectors, their sum per scene plus a product term and noise."""
-  from bindjax import complexity  # pylint: disable=g-import-not-at-top
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
-  objects, ids = complexity.all_scenes(VALUES, 2)
+  from bindjax.complexity import data as data_lib  # pylint: disable=g-import-not-at-top
+  objects, ids = data_lib.all_scenes(VALUES, 2)
   rng = np.random.default_rng(seed)
   vectors = rng.normal(size=(24, dim))
   emb = vectors[ids].sum(1) + 0.5 * vectors[ids[:, 0]] * vectors[ids[:, 1]]
@@ -62,32 +62,36 @@ def config_for(args, models, fractions, embeddings_dir):
 
 def child(args):
   """Runs one way in this process; prints a JSON line with seconds and peak memory."""
-  from bindjax import complexity  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import data as data_lib  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import families  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import fitting  # pylint: disable=g-import-not-at-top
   from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
   eset = synthetic_set(args.dim)
-  data, _ = complexity.from_set(eset)
+  data, _ = data_lib.from_set(eset)
   probes = linear.probes_to_weights(eset.probes, VALUES)
-  fit_config = complexity.FitConfig(steps=args.steps, eval_every=min(100, args.steps),
+  fit_config = fitting.FitConfig(steps=args.steps, eval_every=min(100, args.steps),
                                     schedule="constant")
-  models = complexity.parse_models(MODELS, VALUES, 2, args.dim)
-  entries = complexity.grid_entries(models, FRACTIONS, [0], [1e-2])
+  models = families.parse_models(MODELS, VALUES, 2, args.dim)
+  entries = fitting.grid_entries(models, FRACTIONS, [0], [1e-2])
   start = time.perf_counter()
   infos = []
   if args.child == "batch":
-    rows, infos = complexity.fit_grid(entries, data, probes, fit_config)
+    rows, infos = fitting.fit_grid(entries, data, probes, fit_config)
   else:
     rows = []
     for entry in entries:
-      points = complexity.make_points(data.num_unique, [entry.train_fraction], [entry.seed],
+      points = data_lib.make_points(data.num_unique, [entry.train_fraction], [entry.seed],
                                       [entry.learning_rate])
-      history, info = complexity.fit_models(entry.model, data, probes, points, fit_config)
+      history, info = fitting.fit_models(entry.model, data, probes, points, fit_config)
       infos.append(info)
-      rows += complexity.summarize(history, fit_config)
+      rows += fitting.summarize(history, fit_config)
   seconds = time.perf_counter() - start
   print(json.dumps({
       "seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
       * 1024, "compile_s": sum(i["compile_s"] for i in infos),
       "run_s": sum(i["run_s"] for i in infos),
+      "train_s": sum(i.get("train_s", 0.0) for i in infos),
+      "eval_s": sum(i.get("eval_s", 0.0) for i in infos), "programs": len(infos),
       "compiled_temp_bytes": max((i["compiled_temp_bytes"] or 0) for i in infos),
       "fits": len(rows), "best_test_object_acc": [r["best_test_object_acc"] for r in rows]}))
 
@@ -139,36 +143,42 @@ def main():
   parser.add_argument("--dim", type=int, default=512)
   parser.add_argument("--process_samples", type=int, default=27,
                       help="separate processes actually run (27 = all; fewer: estimate)")
+  parser.add_argument("--ways", default="processes,batch,sequential",
+                      help="comma list of the ways to time (processes, batch, sequential)")
   parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
   sys.path.insert(0, REPO)
   if args.child:
     child(args)
     return
+  ways = [w.strip() for w in args.ways.split(",") if w.strip()]
   load_before = os.getloadavg()
-  # Processes first: RUSAGE_CHILDREN then holds only their peak.
-  with tempfile.TemporaryDirectory() as workdir:
-    processes_s, measured_all, samples, processes_peak = run_processes(args, workdir)
-  batch = run_child(args, "batch")
-  sequential = run_child(args, "sequential")
-  result = {
-      "grid": {"fractions": FRACTIONS, "models": MODELS, "fits": 27, "steps": args.steps,
-               "scenes": 576, "dim": args.dim, "learning_rate": 1e-2},
-      "batch": batch, "sequential": sequential,
-      "processes": {"seconds": processes_s, "measured_all": measured_all, "samples": samples,
-                    "peak_rss_bytes_largest_child": processes_peak},
-      "speedup_vs_sequential": sequential["seconds"] / batch["seconds"],
-      "speedup_vs_processes": processes_s / batch["seconds"],
-      "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before,
-                  "loadavg_after": os.getloadavg(),
-                  "devices": _devices()},
-      "command": " ".join(["python", "experiments/benchmarks/complexity_grid.py"] +
-                          sys.argv[1:]),
-  }
+  result = {"grid": {"fractions": FRACTIONS, "models": MODELS, "fits": 27, "steps": args.steps,
+                     "scenes": 576, "dim": args.dim, "learning_rate": 1e-2}}
+  if "processes" in ways:  # First: RUSAGE_CHILDREN then holds only their peak.
+    with tempfile.TemporaryDirectory() as workdir:
+      processes_s, measured_all, samples, processes_peak = run_processes(args, workdir)
+    result["processes"] = {"seconds": processes_s, "measured_all": measured_all,
+                           "samples": samples, "peak_rss_bytes_largest_child": processes_peak}
+  for way in ("batch", "sequential"):
+    if way in ways:
+      result[way] = run_child(args, way)
+  if "batch" in result:
+    batch = result["batch"]
+    # Compiling does not grow with the steps; training and evaluating do, linearly.
+    batch["projected_4000_steps_s"] = (batch["seconds"] - batch["train_s"] - batch["eval_s"]
+                                       + (batch["train_s"] + batch["eval_s"]) * 4000 / args.steps)
+    for way in ("sequential", "processes"):
+      if way in result:
+        result[f"speedup_vs_{way}"] = result[way]["seconds"] / batch["seconds"]
+  result["machine"] = {"cpus": os.cpu_count(), "loadavg_before": load_before,
+                       "loadavg_after": os.getloadavg(), "devices": _devices()}
+  result["command"] = " ".join(["python", "experiments/benchmarks/complexity_grid.py"] +
+                               sys.argv[1:])
   os.makedirs(RESULTS, exist_ok=True)
   from bindjax import files  # pylint: disable=g-import-not-at-top
-  files.write_atomic(os.path.join(RESULTS, "complexity_grid.json"),
-                     json.dumps(result, indent=1, default=float))
+  files.write_json(os.path.join(RESULTS, "complexity_grid.json"), files.to_jsonable(result),
+                   indent=1)
   files.write_atomic(os.path.join(RESULTS, "complexity_grid.md"), table(result))
   print(table(result))
 
@@ -180,25 +190,34 @@ def _devices():
 
 def table(r):
   gib = 1 << 30
-  note = "" if r["processes"]["measured_all"] else (
-      f" (estimated from {len(r['processes']['samples'])} processes × 9 per family)")
-  return "\n".join([
-      f"# Complexity grid: 27 fits × {r['grid']['steps']} steps, 576 scenes, D={r['grid']['dim']}",
-      "",
-      "| way | seconds | speed-up of batch | peak RSS (GiB) | compile s |",
-      "|---|---|---|---|---|",
-      f"| one batch (jit(vmap) per shape) | {r['batch']['seconds']:.1f} | 1.0× | "
-      f"{r['batch']['peak_rss_bytes'] / gib:.2f} | {r['batch']['compile_s']:.1f} |",
-      f"| one after another, same code | {r['sequential']['seconds']:.1f} | "
-      f"{r['speedup_vs_sequential']:.1f}× | {r['sequential']['peak_rss_bytes'] / gib:.2f} | "
-      f"{r['sequential']['compile_s']:.1f} |",
-      f"| 27 separate CLI processes{note} | {r['processes']['seconds']:.1f} | "
-      f"{r['speedup_vs_processes']:.1f}× | "
-      f"{r['processes']['peak_rss_bytes_largest_child'] / gib:.2f} | – |",
-      "",
-      f"Machine: {r['machine']['cpus']} CPUs, load average before {r['machine']['loadavg_before']}"
-      f" after {r['machine']['loadavg_after']} (shared with other jobs: expect noise).",
-      f"Command: `{r['command']}`", ""])
+  lines = [f"# Complexity grid: 27 fits × {r['grid']['steps']} steps, 576 scenes, "
+           f"D={r['grid']['dim']}", "",
+           "| way | seconds | speed-up of batch | peak RSS (GiB) | compile s | train s | "
+           "evaluate s |", "|---|---|---|---|---|---|---|"]
+  for way, label in (("batch", "one batch per shape and training count"),
+                     ("sequential", "one fit after another, same code")):
+    if way in r:
+      w = r[way]
+      speedup = "1.0×" if way == "batch" else (
+          f"{r['speedup_vs_sequential']:.1f}×" if "speedup_vs_sequential" in r else "–")
+      lines.append(f"| {label} | {w['seconds']:.1f} | {speedup} | "
+                   f"{w['peak_rss_bytes'] / gib:.2f} | {w['compile_s']:.1f} | "
+                   f"{w['train_s']:.1f} | {w['eval_s']:.1f} |")
+  if "processes" in r:
+    p = r["processes"]
+    note = "" if p["measured_all"] else (
+        f" (estimated from {len(p['samples'])} processes × 9 per family)")
+    speedup = f"{r['speedup_vs_processes']:.1f}×" if "speedup_vs_processes" in r else "–"
+    lines.append(f"| 27 separate CLI processes{note} | {p['seconds']:.1f} | {speedup} | "
+                 f"{p['peak_rss_bytes_largest_child'] / gib:.2f} | – | – | – |")
+  lines.append("")
+  if "batch" in r and r["grid"]["steps"] != 4000:
+    lines.append(f"Projected to 4,000 steps (compile as measured, training and evaluation × "
+                 f"{4000 / r['grid']['steps']:g}): {r['batch']['projected_4000_steps_s']:.0f} s.")
+  lines += [f"Machine: {r['machine']['cpus']} CPUs, load average before "
+            f"{r['machine']['loadavg_before']} after {r['machine']['loadavg_after']} (shared "
+            f"with other jobs: expect noise).", f"Command: `{r['command']}`", ""]
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

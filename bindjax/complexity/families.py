@@ -1,4 +1,5 @@
-"""Binding-function approximators (SPEC §11): functions of a scene's concept indices.
+"""Binding-function approximators (docs/complexity.md, "Approximators"): functions of a scene's
+concept indices.
 
 A scene of K objects and C concepts has K·C slots; slot s = k·C + c holds the value of concept c
 of object k and has its own learned table of E-wide embeddings (init N(0,1)). Families:
@@ -8,6 +9,9 @@ of object k and has its own learned table of E-wide embeddings (init N(0,1)). Fa
   product             (e_0·W) ⊙ e_1 ⊙ … ⊙ e_{S-1} -> Linear(D), W = I or learned
   sum_product         concat(product, Σ_s e'_s) (e' separate tables) -> Linear(D)
   per_object_product  Σ_k Π_c e_{k·C+c} -> Linear(D)
+  per_object_sum_product
+                      Σ_k (Σ_c a_{k·C+c} + (b_{k·C}·W) ⊙ Π_{c≥1} b_{k·C+c}) -> Linear(D)
+                      (a: separate tables; W = I or learned, shared by the objects)
 
 Each `Approximator` is static (hashable) and exposes pure `init(key)` / `apply(params, values)`,
 so a batch of models of equal shapes is one `jax.vmap` over stacked params.
@@ -18,7 +22,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-FAMILIES = ("mlp", "additive", "product", "sum_product", "per_object_product")
+FAMILIES = ("mlp", "additive", "product", "sum_product", "per_object_product",
+            "per_object_sum_product")
+# Families with a second set of slot tables (the additive part) and with an optional learned W.
+_SUM_TABLES = ("sum_product", "per_object_sum_product")
+_HAS_W = ("product", "sum_product", "per_object_sum_product")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +38,7 @@ class Approximator:
   out_dim: int
   widths: tuple = ()          # MLP hidden widths
   embed_dim: int = 0          # slot embedding width E; 0 means out_dim (D)
-  learned_w: bool = False     # product / sum_product: learn W (init I) instead of W = I
+  learned_w: bool = False     # families with W: learn W (init I) instead of W = I
 
   def __post_init__(self):
     object.__setattr__(self, "values_per_concept", tuple(int(v) for v in self.values_per_concept))
@@ -50,8 +58,8 @@ class Approximator:
       raise ValueError(f"widths={self.widths}: the mlp family needs ≥ 1 positive hidden width")
     if self.family != "mlp" and self.widths:
       raise ValueError(f"widths={self.widths}: only the mlp family has hidden widths")
-    if self.learned_w and self.family not in ("product", "sum_product"):
-      raise ValueError("learned_w=True: only product and sum_product have W")
+    if self.learned_w and self.family not in _HAS_W:
+      raise ValueError(f"learned_w=True: only {', '.join(_HAS_W)} have W")
 
   @property
   def name(self):
@@ -74,7 +82,8 @@ class Approximator:
   def _head_in(self):
     e = self.width
     return {"mlp": self.widths[-1] if self.widths else 0, "additive": e, "product": e,
-            "sum_product": 2 * e, "per_object_product": e}[self.family]
+            "sum_product": 2 * e, "per_object_product": e,
+            "per_object_sum_product": e}[self.family]
 
   def init(self, key):
     """Parameters of one model: slot tables N(0,1) [S, max V, E], torch-Linear-style layers."""
@@ -82,7 +91,7 @@ class Approximator:
     v_max = max(self.values_per_concept)
     shape = (self.num_slots, v_max, self.width)
     params = {"tables": jax.random.normal(next(keys), shape, jnp.float32)}
-    if self.family == "sum_product":
+    if self.family in _SUM_TABLES:
       params["sum_tables"] = jax.random.normal(next(keys), shape, jnp.float32)
     if self.learned_w:
       params["w"] = jnp.eye(self.width, dtype=jnp.float32)
@@ -111,15 +120,19 @@ class Approximator:
       h = first_NxE * jnp.prod(e_NxSxE[:, 1:], axis=1)
       if self.family == "sum_product":
         h = jnp.concatenate([h, _lookup(params["sum_tables"], slots_NxS).sum(1)], axis=-1)
-    else:  # per_object_product
-      c = len(self.values_per_concept)
-      h = e_NxSxE.reshape(n, self.max_objects, c, -1).prod(axis=2).sum(axis=1)
+    else:  # per-object families
+      e_NxKxCxE = e_NxSxE.reshape(n, self.max_objects, len(self.values_per_concept), -1)
+      if self.learned_w:
+        e_NxKxCxE = e_NxKxCxE.at[:, :, 0].set(e_NxKxCxE[:, :, 0] @ params["w"])
+      h = e_NxKxCxE.prod(axis=2).sum(axis=1)
+      if self.family == "per_object_sum_product":
+        h = h + _lookup(params["sum_tables"], slots_NxS).sum(1)
     return h @ params["out"]["kernel"] + params["out"]["bias"]
 
   def num_parameters(self):
     """Learned parameters of one model (padded table rows excluded; fixed W = I not counted)."""
     tables = sum(self._slot_values()) * self.width
-    count = tables * (2 if self.family == "sum_product" else 1)
+    count = tables * (2 if self.family in _SUM_TABLES else 1)
     count += self.width ** 2 if self.learned_w else 0
     fan_in = self.num_slots * self.width
     for w in self.widths:
@@ -146,6 +159,31 @@ def make(family, values_per_concept, max_objects, out_dim, widths=(), embed_dim=
                       max_objects=int(max_objects), out_dim=int(out_dim),
                       widths=tuple(widths or ()), embed_dim=int(embed_dim or 0),
                       learned_w=bool(learned_w))
+
+
+def parse_models(spec, values_per_concept, max_objects, out_dim, embed_dim=0):
+  """Approximators from a comma list such as "mlp:1024,mlp:512x512,additive,product:W".
+
+  Items: mlp:W1xW2.. (hidden widths), or a family name with an optional ":W" (learned W).
+  Raises ValueError naming the bad item.
+  """
+  models = []
+  for item in [s.strip() for s in str(spec).split(",") if s.strip()]:
+    family, _, option = item.partition(":")
+    try:
+      if family == "mlp":
+        widths = tuple(int(w) for w in option.split("x")) if option else ()
+        models.append(make("mlp", values_per_concept, max_objects, out_dim, widths, embed_dim))
+      else:
+        if option not in ("", "W"):
+          raise ValueError(f"option {option!r}: only ':W' (learned W) is known")
+        models.append(make(family, values_per_concept, max_objects, out_dim, (), embed_dim,
+                           learned_w=option == "W"))
+    except ValueError as e:
+      raise ValueError(f"models item {item!r}: {e}") from None
+  if not models:
+    raise ValueError(f"models={spec!r}: expected at least one approximator")
+  return models
 
 
 def one_hot_slots(values_NxKxC, values_per_concept):

@@ -1,0 +1,8 @@
+"""Binding-function complexity (docs/complexity.md): which function families of a scene's
+concept values reproduce its embedding on objects never seen in training.
+
+Modules: `data` (scenes and object-level splits), `families` (approximators), `fitting`
+(batched fitting and scoring with frozen probes), `trees` (scikit-learn approximators on the same
+splits), `results` (CSV and the summary over seeds), `figure`, and `analysis` (the
+`bindjax complexity` flow).
+"""
