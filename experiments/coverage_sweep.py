@@ -1,24 +1,26 @@
-"""Coverage sweep: held-out object recognition vs coverage × object-space size × seed (issue 6).
+"""Coverage sweep: held-out object recognition vs coverage × object-space size × seed.
 
   bindjax sweep --config=experiments/coverage_sweep.py:smoke --workdir=/tmp/bindjax_sweep_smoke
   bindjax report --workdir=/tmp/bindjax_sweep_smoke
 
 Presets (the ARG after the colon):
   smoke      CI: 2 tiny spaces × 3 coverages × 2 seeds, 40 steps (well under 2 min on 2 cores).
-  cpu        2 idle CPU cores, under an hour (≈120k replica-steps; training alone ran at 70–80
-             replica-steps/s, experiments/benchmarks/results/sweep_throughput_cpu.md): |O| ∈ {100,
-             400, 1000}, coverage 0.1–0.9 (5 points), 2 seeds, a 2-layer d_model-64 model, batch
-             128, 4000 steps at lr 1e-3. It does NOT show the transition, and no CPU-sized setting
-             tried did (issue 6 item a; experiments/results/cpu_phase_transition.md). Held-out
-             two-object accuracy is ≈0 at low coverage, where the model memorises training
-             objects, and sits at 0.3–0.45 at high coverage, the level of a model that does not
-             bind (training two-object accuracy stays ≈0.45 too). It never clearly crosses 0.5:
-             the one 0.502 was plateau noise. These settings at |O| = 400, seed 0, 3000 steps,
-             load ≈5, final (best) step: coverage 0.3 / 0.6 / 0.9 → 0.003 (0.35) / 0.28 (0.43) /
-             0.37 (0.43). 9 probes (lr 1e-3–3e-3, wd 0.1–3, |O| 400–2500, 4 layers or d_model 128,
-             batch up to 512, up to 5000 steps): none crossed 0.5 with binding. The likely cause
-             is that the query tower's object codes stay additive (tests/test_train.py: the
-             docstring of test_tiny_model_learns_and_coverage_one_reports_training_objects).
+  cpu        2 idle CPU cores: |O| ∈ {36, 100}, coverage 0.3–0.9 (5 points), 2 seeds, a 2-layer
+             d_model-64 model with the product read-out in both towers, training queries
+             restricted to training objects, batch 128, 8000 steps at lr 1e-3 (160k replica-steps:
+             about 40 min at the 71 replica-steps/s of experiments/benchmarks/results/
+             sweep_throughput_cpu.md, about 75 min at the 35/s measured with other work on the
+             machine). These are the settings of the one GPU search that showed a transition
+             (docs/findings/phase_transition.md): at |O| = 100, 5000 steps, held-out two-object
+             accuracy rose from ≤ 0.07 at coverage ≤ 0.5 to 0.52–0.58 at 0.9 (ρ* = 0.87) with
+             training two-object accuracy 1.0; at |O| = 400 nothing generalised in 5000 steps.
+             This preset itself has not been run end to end yet.
+  gpu_quick  the published towers (d_model 256, 6 layers, bfloat16 matmuls) on one GPU in about
+             5 minutes: |O| = 400, coverage 0.2–0.8, 1 seed, training queries restricted to
+             training objects, lr 1e-4. experiments/benchmarks/device_sweep.sh re-sizes its steps
+             from the measured rate (R = 8: 405 replica-steps/s on an H200, i.e. about 58 steps/s
+             for its 7 replicas). Its only run so far (1200 steps, queries over all objects,
+             sharing the GPU) memorised: see docs/findings/phase_transition.md.
   paper      the study's grid: |O| ∈ {400 (C=2, V=20), 2500 (C=2, V=50), 125000 (C=3, V=50)},
              coverage 0.1–0.9, 3 seeds, the published model (d_model 256, 6 layers, d_out 64,
              batch 512, 50k steps, lr 3e-5). For accelerators / TPU pods (launch/).
@@ -41,7 +43,7 @@ from bindjax import train
 
 COVERAGES_0_1_TO_0_9 = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # gpu_quick's step count: about 5 minutes of training for its 7 replicas on one H200.
-GPU_QUICK_STEPS = 6000
+GPU_QUICK_STEPS = 15000
 
 
 def get_config(arg="smoke"):
@@ -65,22 +67,24 @@ def get_config(arg="smoke"):
     c.log_every = 10
     c.checkpoint.update(every=20, keep=2)
   elif arg == "cpu":
-    c.grid.spaces = ((2, 10), (2, 20), (3, 10))
-    c.grid.coverages = (0.1, 0.3, 0.5, 0.7, 0.9)
+    c.grid.spaces = ((2, 6), (2, 10))
+    c.grid.coverages = (0.3, 0.5, 0.7, 0.8, 0.9)
     c.grid.seeds = (0, 1)
-    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32)
-    c.sampler.update(batch_size=128)
+    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
+                   product_readout="both")
+    c.sampler.update(batch_size=128, train_queries="train")
     c.optimizer.learning_rate = 1e-3
-    c.num_steps = 4000
-    c.eval.update(every=500, batches=4, batch_size=256)
+    c.num_steps = 8000
+    c.eval.update(every=1000, batches=4, batch_size=256)
     c.log_every = 100
-    c.checkpoint.update(every=500, keep=2)
+    c.checkpoint.update(every=1000, keep=2)
   elif arg == "gpu_quick":
     # The published towers on one GPU in about 5 minutes; steps from the measured step rate.
     c.grid.spaces = ((2, 20),)
     c.grid.coverages = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
     c.grid.seeds = (0,)
     c.model.compute_dtype = "bfloat16"
+    c.sampler.train_queries = "train"
     c.optimizer.learning_rate = 1e-4
     c.num_steps = GPU_QUICK_STEPS
     c.eval.update(every=GPU_QUICK_STEPS // 10, batches=4)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bindjax import models
+from bindjax import world
 
 # Tiny world: C=2, V=4 -> concept tokens 0..7, SOO 8, EOO 9, EOS 10, PAD 11; K=2.
 SOO, EOO, EOS, PAD = 8, 9, 10, 11
@@ -271,3 +272,53 @@ def test_tower_flops_matches_compiled_cost():
   expected = models.tower_flops(config, 60, 9)
   # XLA also counts elementwise work (norms, GELU, softmax): a few percent on top.
   assert expected <= flops <= 1.25 * expected
+
+
+def test_product_readout_parameters_and_forward_by_hand():
+  """Σ_objects Π_concepts W_c·LN(h) added before the projection, with h the embeddings + positions
+  (one layer); present objects only; concept queries get nothing."""
+  space = world.ObjectSpace.uniform(2, 3, 2)
+  base = dict(d_model=4, num_heads=1, num_layers=1, d_ff=8, d_out=3)
+  plain = models.ModelConfig.for_space(space, **base)
+  product = models.ModelConfig.for_space(space, product_readout="query", **base)
+  both = models.ModelConfig.for_space(space, product_readout="both", **base)
+  n_plain = models.count_parameters(models.init_params(jax.random.key(0), plain))
+  extra = 2 * 4 + 2 * 4 * 4   # LayerNorm scale and bias, one 4x4 code matrix per concept
+  assert models.count_parameters(models.init_params(jax.random.key(0), product)) == n_plain + extra
+  assert models.count_parameters(models.init_params(jax.random.key(0), both)) == n_plain + 2 * extra
+
+  params = models.init_params(jax.random.key(1), both)
+  scene_values = np.array([[[0, 1], [2, 0]], [[1, 2], [0, 0]]], np.int32)
+  tokens = jnp.asarray(space.scene_tokens(scene_values, np.array([2, 1])))
+  tower = params["scene_tower"]
+  with_product = models.Tower(both, both.d_out, both.scene_length, True).apply(
+      {"params": tower}, tokens)
+  without = models.Tower(plain, plain.d_out, plain.scene_length).apply(
+      {"params": {k: v for k, v in tower.items() if k != "product"}}, tokens)
+  # By hand.
+  h = np.asarray(tower["embed"]["embedding"])[np.asarray(tokens)] + models.sinusoidal_positions(
+      tokens.shape[1], 4)[None]
+  norm = tower["product"]["norm"]
+  codes = np.asarray(tower["product"]["codes"])
+  expected = np.zeros((2, 4), np.float32)
+  for b, count in enumerate((2, 1)):
+    for k in range(count):
+      term = np.ones(4, np.float32)
+      for c in range(2):
+        x = h[b, 4 * k + 1 + c]
+        x = (x - x.mean()) / np.sqrt(x.var() + models.LAYER_NORM_EPS)
+        x = x * np.asarray(norm["scale"]) + np.asarray(norm["bias"])
+        term = term * (x @ codes[c])
+      expected[b] += term
+  np.testing.assert_allclose(np.asarray(with_product - without),
+                             expected @ np.asarray(tower["proj"]["kernel"]), rtol=1e-4,
+                             atol=1e-5)
+  # A concept query holds no object: its product term is zero.
+  query = jnp.asarray(space.concept_query_tokens()[:2])
+  q_tower = models.Tower(both, both.d_out, both.query_length, True).apply(
+      {"params": params["query_tower"]}, query)
+  q_plain = models.Tower(plain, plain.d_out, plain.query_length).apply(
+      {"params": {k: v for k, v in params["query_tower"].items() if k != "product"}}, query)
+  np.testing.assert_allclose(np.asarray(q_tower), np.asarray(q_plain), atol=1e-6)
+  with pytest.raises(ValueError, match="product_readout"):
+    models.ModelConfig.for_space(space, product_readout="scene", **base)

@@ -406,3 +406,41 @@ def test_query_set_statistics_match_a_literal_reference():
   standard_error = np.sqrt((reference.var(0) + ours.var(0)) / 400)
   np.testing.assert_array_less(np.abs(ours.mean(0) - reference.mean(0)), 4 * standard_error)
   assert (4 * standard_error < 1.0).all()    # sensitive to a shift of one query or active row
+
+
+def test_train_queries_restricted_to_training_objects():
+  """train_queries="train": no held-out object is ever a valid training query; held-out swaps
+  are dropped (masked slots), built negatives come from the training objects; "all" keeps them."""
+  space = world.ObjectSpace.uniform(2, 6, 2)
+  split = world.coverage_split(space, 0.5, 0)
+  heldout = set(np.asarray(split.heldout_ids).tolist())
+  keys = jax.vmap(jax.random.key)(jnp.arange(64))
+  found_heldout_in_all = False
+  for built in (0, 2):
+    restricted = scenes.SamplerConfig(32, built_negatives_per_positive=built,
+                                      train_queries="train")
+    everything = scenes.SamplerConfig(32, built_negatives_per_positive=built)
+    for sampler in (restricted, everything):
+      batches = jax.vmap(lambda k, s=sampler: scenes.sample_batch(
+          k, split.permutation, split.num_train, space=space, sampler=s, split="train"))(keys)
+      ids = np.asarray(batches.object_query_ids_Qo)
+      valid = np.asarray(batches.object_query_mask_Qo)
+      in_heldout = np.isin(ids, list(heldout)) & valid
+      if sampler is restricted:
+        assert not in_heldout.any()
+        restricted_valid = valid.sum(-1)
+        restricted_labels = np.asarray(batches.object_labels_BxQo)
+      else:
+        found_heldout_in_all |= bool(in_heldout.any())
+        # Same scenes and positives; only negatives differ, so "train" never has more queries.
+        assert (restricted_valid <= valid.sum(-1)).all()
+        np.testing.assert_array_equal(restricted_labels.sum((1, 2)),
+                                      np.asarray(batches.object_labels_BxQo).sum((1, 2)))
+  assert found_heldout_in_all
+  # Test batches query all objects whatever the setting.
+  test_batch = scenes.sample_batch(jax.random.key(0), split.permutation, split.num_train,
+                                   space=space, sampler=restricted, split="test")
+  assert np.isin(np.asarray(test_batch.object_query_ids_Qo)[
+      np.asarray(test_batch.object_query_mask_Qo)], list(heldout)).any()
+  with pytest.raises(ValueError, match="train_queries"):
+    scenes.SamplerConfig(8, train_queries="held_out")

@@ -308,3 +308,28 @@ def test_auto_chunk_keeps_each_cores_replicas_within_its_cache_share(monkeypatch
   assert auto_chunk(None) == (None, [])
   chunk, logged = auto_chunk(1)  # nothing fits: one replica per device at a time
   assert chunk == 8 and "cache share per core" in logged[0]
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "binding"])
+def test_sweep_results_feed_the_report(reference, tmp_path, metric):
+  """The sweep's own results.jsonl -> `bindjax report`: figure, ρ* table, binding figures."""
+  from bindjax import cli
+  workdir, _, rows = reference
+  evals = [r for r in rows if r["kind"] == "eval"]
+  for prefix in ("heldout", "train"):
+    assert all(0.0 <= r[f"{prefix}/binding"] <= 1.0 for r in evals)
+    assert all(r[f"{prefix}/binding_scenes"] >= 0 for r in evals)
+  out = str(tmp_path / "report")
+  assert cli.main(["report", f"--workdir={workdir}", f"--out={out}", "--step=final",
+                   "--bootstrap=20", f"--metric={metric}"]) == 0
+  assert os.path.getsize(os.path.join(out, "phase_transition.png")) > 0
+  summary = json.load(open(os.path.join(out, "critical_coverage.json")))
+  assert summary["metric"] == {"accuracy": "heldout/object_accuracy_{K}obj",
+                               "binding": "heldout/binding"}[metric]
+  assert summary["metric"] in open(os.path.join(out, "critical_coverage.md")).read()
+  points = [p for s in json.load(open(os.path.join(out, "points.json"))) for p in s["points"]]
+  assert {p["coverage"] for p in points} == {0.5, 0.8}
+  for p in points:
+    # The final rows of the healthy replicas: their binding figures, per seed.
+    assert len([v for v in p["heldout/binding"]["values"] if v is not None]) == 3
+    assert p["train/binding"]["mean"] is not None

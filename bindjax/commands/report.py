@@ -13,11 +13,15 @@ def main(argv):
                     flag_values=fv)
   flags.DEFINE_integer("bootstrap", 1000, "bootstrap resamples over seeds for the ρ* interval",
                        flag_values=fv)
+  flags.DEFINE_enum("metric", "accuracy", sorted(report.RHO_METRICS),
+                    "held-out figure ρ* is read from: set-separation accuracy on max-object "
+                    "scenes, or the binding figure", flag_values=fv)
   flags.DEFINE_string("out", None, "output directory (default WORKDIR/report)", flag_values=fv)
   bj_flags.parse(fv, argv, required=("workdir",))
   try:
     summary = report.make_report(fv["workdir"].value, step=fv["step"].value,
-                                 num_bootstrap=fv["bootstrap"].value, out_dir=fv["out"].value)
+                                 num_bootstrap=fv["bootstrap"].value, out_dir=fv["out"].value,
+                                 metric=fv["metric"].value)
   except ValueError as e:
     raise bj_flags.UsageError(f"{argv[0]}: {e}") from None
   for row in summary["critical_coverage"]:

@@ -9,18 +9,22 @@ from bindjax import files  # noqa: E402
 
 PANELS = (
     ("heldout/object_accuracy_{K}obj", "held-out objects, max-object scenes"),
+    ("heldout/binding", "held-out binding figure"),
+    ("train/object_accuracy_{K}obj", "training objects, max-object scenes"),
+    ("train/binding", "training binding figure"),
     ("heldout/object_accuracy_1obj", "held-out objects, 1-object scenes"),
-    ("heldout/concept_accuracy", "held-out concepts"),
 )
 
 
-def plot(series, critical, path_stem, step="best", formats=("png", "pdf")):
-  """Draws the three panels (mean ± std over seeds, dots per seed, dashed ρ*) and saves them.
+def plot(series, critical, path_stem, step="best", formats=("png", "pdf"),
+         rho_metric=PANELS[0][0]):
+  """Draws the panels (mean ± std over seeds, dots per seed) and saves them.
 
-  series: `bindjax.report.aggregate` output; critical: `critical_coverages` rows in the same
-  order. Returns the written file paths.
+  series: `bindjax.report.aggregate` output holding every panel's metric; critical:
+  `critical_coverages` rows in the same order, drawn (dashed ρ*) on the `rho_metric` panel.
+  Returns the written file paths.
   """
-  fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.6), sharey=True,
+  fig, axes = plt.subplots(1, len(PANELS), figsize=(3.6 * len(PANELS), 3.4), sharey=True,
                            constrained_layout=True)
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for i, (s, crit) in enumerate(zip(series, critical)):
@@ -28,8 +32,8 @@ def plot(series, critical, path_stem, step="best", formats=("png", "pdf")):
     for ax, (metric, title) in zip(axes, PANELS):
       xs, mean, low, high = [], [], [], []
       for p in s["points"]:
-        m = p[metric]
-        if m["mean"] is None:
+        m = p.get(metric)
+        if m is None or m["mean"] is None:
           continue
         xs.append(p["coverage"])
         mean.append(m["mean"])
@@ -41,7 +45,7 @@ def plot(series, critical, path_stem, step="best", formats=("png", "pdf")):
       label = s["label"] if ax is axes[0] else None
       ax.plot(xs, mean, "-o", color=color, markersize=3, label=label)
       ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
-      if metric == PANELS[0][0] and crit["rho_star"] is not None:
+      if metric == rho_metric and crit["rho_star"] is not None:
         ax.axvline(crit["rho_star"], color=color, linestyle="--", linewidth=1)
         if crit["interval"]:
           ax.axvspan(*crit["interval"], color=color, alpha=0.07)

@@ -82,8 +82,9 @@ def learning_times(rows, target):
 def markdown(result):
   lines = [f"# Binding learning time (coverage 1, target train/binding >= {result['target']})",
            "", f"`{result['command']}`", "",
-           f"{result['devices']}; {result['replica_steps']:,} replica-steps in "
-           f"{result['wall_seconds']:.0f} s; load before: {result['load_before']}", "",
+           (f"{result['devices']}; {result['replica_steps']:,} replica-steps in "
+            f"{result['wall_seconds']:.0f} s; load before: {result['load_before']}"
+            if result["wall_seconds"] else result["devices"]), "",
            "| \\|O\\| | model | seeds | steps to target | final step | final binding | "
            "final 2-obj accuracy |", "|---:|---|---:|---:|---:|---:|---:|"]
   for r in result["table"]:
@@ -128,12 +129,22 @@ def main():
   parser.add_argument("--target", type=float, default=0.9)
   parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "binding_learning_time"))
   parser.add_argument("--out", default=os.path.join(RESULTS, "binding_learning_time"))
+  parser.add_argument("--tabulate", default=None, metavar="RESULTS_JSONL",
+                      help="only tabulate the rows of an earlier (possibly killed) run's "
+                      "results.jsonl, with its devices and timing given as --note")
+  parser.add_argument("--note", default="", help="with --tabulate: where and how it ran")
   args = parser.parse_args()
   args.sizes = [int(v) for v in args.sizes.split(",")]
   args.models = args.models.split(",")
   unknown = [m for m in args.models if m not in MODELS]
   if unknown:
     parser.error(f"--models: unknown {unknown}; expected names from {sorted(MODELS)}")
+  if args.tabulate:
+    table = learning_times(files.read_jsonl(args.tabulate), args.target)
+    write(args, {"command": f"rows of {os.path.basename(os.path.dirname(args.tabulate))}",
+                 "devices": args.note, "load_before": None, "wall_seconds": None,
+                 "replica_steps": None, "target": args.target, "table": table})
+    return
   config = make_config(args)
   parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
   import jax
@@ -154,11 +165,16 @@ def main():
       "load_before": [round(x, 2) for x in load_before] if load_before else None,
       "wall_seconds": wall, "compile_seconds": done["compile_seconds"],
       "replica_steps": done["replica_steps"], "target": args.target, "table": table}
+  write(args, result)
+
+
+def write(args, result):
+  """Prints the table and writes it as Markdown, JSON and a figure under args.out."""
   text = markdown(result)
   print(text)
   files.write_json(args.out + ".json", files.to_jsonable(result))
   files.write_atomic(args.out + ".md", text)
-  plot(table, args.target, args.out + ".png")
+  plot(result["table"], args.target, args.out + ".png")
 
 
 if __name__ == "__main__":
