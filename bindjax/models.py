@@ -1,4 +1,4 @@
-"""Scene and query towers and the dual encoder (SPEC §4, §5), in Flax linen.
+"""Scene and query towers and the dual encoder (docs/models.md, docs/objectives.md#similarity), in Flax linen.
 
 Two tower variants share one module:
   "pre_ln" (default): token embedding + fixed sinusoidal positions, pre-norm blocks with padding
@@ -463,7 +463,7 @@ class DualEncoder(nn.Module):
 
 
 def similarity_logits(config, tau, z_BxD, q_QxD, cap):
-  """SPEC §5: cosine min(exp τ, cap)·ẑ·q̂ᵀ, or dot z·q[:, :-1]ᵀ + q[:, -1]."""
+  """Cosine (docs/objectives.md#similarity): min(exp τ, cap)·ẑ·q̂ᵀ, or dot z·q[:, :-1]ᵀ + q[:, -1]."""
   z_BxD = z_BxD.astype(jnp.float32)
   q_QxD = q_QxD.astype(jnp.float32)
   if config.similarity == "dot":

@@ -1,4 +1,4 @@
-"""Soft cross-entropy and set-separation accuracy (SPEC §5), shared by every analysis.
+"""Soft cross-entropy and set-separation accuracy (docs/objectives.md), shared by every analysis.
 
 All functions take logits [B,Q] of B rows (scenes) against Q candidates (queries or classes),
 multi-hot labels [B,Q], a query mask [Q] for padded candidates and a row mask [B] for rows that

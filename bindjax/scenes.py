@@ -1,4 +1,4 @@
-"""Jit-compiled scene and query sampler (SPEC §3).
+"""Jit-compiled scene and query sampler (docs/sampling.md).
 
 `sample_batch` is a pure function of a PRNG key and a replica's split tables (a permutation of
 all object ids plus the number of training objects), so replicas with different coverages share
@@ -36,7 +36,7 @@ TRAIN_QUERIES = ("all", "train")
 class SamplerConfig:
   """Static sampler settings (hashable: a static jit argument).
 
-  swap_concepts: "any" draws the swapped concept uniformly (SPEC §3; when both objects share that
+  swap_concepts: "any" draws the swapped concept uniformly (docs/sampling.md#object-queries; when both objects share that
   value the "negative" is the source object itself); "differing" draws it among the concepts where
   the two objects differ, and makes no swap negative for two identical objects.
   train_queries: which objects training batches may query. "all" (the original code's default):
@@ -422,7 +422,7 @@ def _check_permutation(permutation_O, space):
 
 
 def sample_batch(key, permutation_O, num_train, *, space, sampler, split):
-  """One SceneBatch (SPEC §3) from `key` and a replica's split tables.
+  """One SceneBatch (docs/sampling.md) from `key` and a replica's split tables.
 
   Args:
     key: PRNG key.

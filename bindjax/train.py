@@ -1,4 +1,4 @@
-"""Training one dual encoder from scratch (SPEC §3–§6): pure per-replica functions and a loop.
+"""Training one dual encoder from scratch (docs/training.md): pure per-replica functions and a loop.
 
 The functions are written for ONE replica and are pure, so the sweep vmaps them over a leading
 replica axis:
@@ -45,12 +45,12 @@ BEST_METRIC = "heldout/object_accuracy"
 
 
 def default_config():
-  """The published run's settings (SPEC §6); experiments/train.py derives its presets from it."""
+  """The published run's settings (docs/training.md); experiments/train.py derives its presets from it."""
   c = ml_collections.ConfigDict()
   c.space = ml_collections.ConfigDict(dict(num_concepts=2, num_values=20, max_objects=2))
   c.coverage = 0.8
   c.seed = 0
-  # Seed of the coverage split's RandomState permutation (SPEC §2); -1 means "use `seed`".
+  # Seed of the coverage split's RandomState permutation (docs/world.md); -1 means "use `seed`".
   c.split_seed = -1
   c.model = ml_collections.ConfigDict(dict(
       d_model=256, num_heads=4, num_layers=6, d_ff=2048, d_out=64, variant="pre_ln",
@@ -209,7 +209,7 @@ def make_hyper(split, *, seed, learning_rate, weight_decay):
 
 
 def hyper_from_config(config, spec):
-  """(Hyper, CoverageSplit) of the run described by `config` (SPEC §2 split)."""
+  """(Hyper, CoverageSplit) of the run described by `config` (docs/world.md coverage split)."""
   seed = _int(config, "seed", 0)
   split_seed = _int(config, "split_seed", -1)
   split = world.coverage_split(spec.space, _field(config, "coverage"),
@@ -225,7 +225,7 @@ def hyper_from_config(config, spec):
 
 
 def learning_rate_multiplier(step, num_steps, warmup_steps):
-  """SPEC §6: linear warm-up from 0 over `warmup_steps`, then linear decay to 0 at `num_steps`.
+  """Schedule (docs/training.md): linear warm-up from 0 over `warmup_steps`, then linear decay to 0 at `num_steps`.
 
   The update at step t uses multiplier(t), so the very first update has learning rate 0.
   """
@@ -236,7 +236,7 @@ def learning_rate_multiplier(step, num_steps, warmup_steps):
 
 
 def make_optimizer(spec, learning_rate, weight_decay):
-  """AdamW (decoupled decay on every parameter, τ included) with the SPEC §6 schedule.
+  """AdamW (decoupled decay on every parameter, τ included) with the schedule of docs/training.md.
 
   `learning_rate` (peak) and `weight_decay` may be traced per-replica arrays: the optimiser
   state holds neither, so its structure is the same for every replica.
@@ -372,7 +372,7 @@ def train_step(state, hyper, spec, scene_sharding=None):
 
 
 def _evaluate(params, key, permutation_O, num_train, spec, split, scene_sharding):
-  """Metrics over spec.eval_batches fresh batches: mean of per-batch means (SPEC §6)."""
+  """Metrics over spec.eval_batches fresh batches: mean of per-batch means (docs/training.md)."""
   k = spec.space.max_objects
 
   def one_batch(batch_key):
@@ -415,7 +415,7 @@ def _evaluate(params, key, permutation_O, num_train, spec, split, scene_sharding
 
 
 def eval_step(params, key, hyper, spec, scene_sharding=None):
-  """Held-out and training-object evaluation of one replica (SPEC §6).
+  """Held-out and training-object evaluation of one replica (docs/training.md).
 
   "heldout/…": scenes of held-out objects, queries over all objects. At coverage 1 there is no
   held-out set: those metrics then come from training-object scenes and

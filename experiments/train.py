@@ -1,4 +1,4 @@
-"""Train one dual encoder from scratch (issue 3, SPEC §6).
+"""Train one dual encoder from scratch (docs/training.md).
 
   bindjax train --config=experiments/train.py:smoke --workdir=/tmp/bindjax_train_smoke
   bindjax train --config=experiments/train.py:cpu --workdir=runs/train_cpu
@@ -6,7 +6,7 @@
 
 Presets (the ARG after the colon):
   smoke   seconds on a CPU: C=2, V=4, K=2, a 1-layer d_model-32 model, 60 steps, cheap compiles.
-  tiny    issue 3's learning check (tests/test_train.py): C=2, V=4, K=2, coverage 1, a 1-layer
+  tiny    the learning check (tests/test_train.py): C=2, V=4, K=2, coverage 1, a 1-layer
           d_model-32 model, 300 steps at lr 1e-2 (warm-up 0.3: with 0.1, 1 seed in 8 never
           learns). It learns everything but binding: training object accuracy ~0.8, because the
           query tower's object embeddings stay additive (experiments/benchmarks/
@@ -15,7 +15,7 @@ Presets (the ARG after the colon):
           d_model-64 model, batch 64, lr 3e-3, 2000 steps. Training object accuracy reaches 1.0
           (two-object binding appears after ~1000 steps; a 1-layer d_model-32 model only reaches
           ~0.8: one-object scenes right, two-object scenes near the concepts-only level).
-  paper   the published run (SPEC §6): C=2, V=20, K=2, d_model 256, 4 heads, 6 layers, d_out 64,
+  paper   the published run (docs/training.md): C=2, V=20, K=2, d_model 256, 4 heads, 6 layers, d_out 64,
           feed-forward 2048, batch 512, 50,000 steps, lr 3e-5, AdamW wd 0.1, cosine similarity,
           coverage 0.8, evaluation every 1000 steps on 10 held-out batches of 512.
 

@@ -1,4 +1,4 @@
-"""Towers and dual encoder (SPEC §4, §5): shapes, init, masks, read-out, similarities, errors."""
+"""Towers and dual encoder (docs/models.md): shapes, init, masks, read-out, similarities, errors."""
 import dataclasses
 import functools
 import math

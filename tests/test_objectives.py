@@ -1,4 +1,4 @@
-"""Soft cross-entropy and set-separation accuracy (SPEC §5) on hand-made rows."""
+"""Soft cross-entropy and set-separation accuracy (docs/objectives.md) on hand-made rows."""
 import math
 
 import jax

@@ -1,4 +1,4 @@
-"""Linear probes (SPEC §8, §9): split, labels, batched fitting, scoring, CLI, real data."""
+"""Linear probes (docs/probes.md): split, labels, batched fitting, scoring, CLI, real data."""
 import json
 import os
 

@@ -365,7 +365,7 @@ def test_distinct_set_helpers_both_branches(large, monkeypatch):
 
 
 def _reference_batch_statistics(rng, space, sampler, tables):
-  """SPEC §3 written literally with Python sets: (#concept queries, #object queries, #active)."""
+  """docs/sampling.md written literally with Python sets: (#concept queries, #object queries, #active)."""
   values = [tuple(v) for v in space.all_objects().tolist()]
   counts = rng.randint(1, space.max_objects + 1, size=sampler.batch_size)
   draws = rng.choice(tables.train_ids, size=(sampler.batch_size, space.max_objects))

@@ -21,7 +21,7 @@ import train as train_presets  # noqa: E402  (experiments/train.py)
 
 
 def _tiny_config(**overrides):
-  """experiments/train.py:tiny (issue 3's learning check), with dotted-path overrides."""
+  """experiments/train.py:tiny, with dotted-path overrides."""
   c = train_presets.get_config("tiny")
   c.update_from_flattened_dict(overrides)
   return c
@@ -197,7 +197,7 @@ def test_tiny_model_learns_and_coverage_one_reports_training_objects(tmp_path):
   rank both positives of an ambiguous scene above both cross objects. The same scene tower with
   free per-object query vectors binds within 1,000 steps; the 2-layer d_model-64 preset
   (experiments/train.py:cpu) binds by 2,000 steps (query R² 0.55-0.86). Evidence, commands:
-  experiments/benchmarks/tiny_binding_{probe,readout}.py (results/tiny_binding/*.json there).
+  studies/tiny_binding_{probe,readout}.py (results in studies/results/tiny_binding/).
   """
   config = _tiny_config()
   final = train.run_training(config, tmp_path, progress=False, log=lambda *a: None)

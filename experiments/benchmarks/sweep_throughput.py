@@ -1,4 +1,4 @@
-"""Throughput of the vmapped sweep vs the same runs one after another (issue 6 benchmark).
+"""Throughput of the vmapped sweep vs the same runs one after another.
 
   .venv/bin/python experiments/benchmarks/sweep_throughput.py            # CPU: 16 replicas
   .venv/bin/python experiments/benchmarks/sweep_throughput.py --processes=2   # pinned processes
