@@ -184,12 +184,13 @@ def auto_mesh(num_models, devices=None):
 
 
 def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto",
-               memory_bytes=None, on_eval=None):
+               memory_bytes=None, on_eval=None, keep_params=False):
   """Fits M models of one shape (M = len of points) as one compiled batch over the mesh.
 
   chunk_size: "auto", None (all at once) or an int. "auto" is 1 on a single CPU device (see
   `_map_models`), else from `bytes_per_model` and device memory.
   on_eval: called after every evaluation as on_eval(steps_done_in_this_eval, train_loss_M).
+  keep_params: also return the trained parameters (host numpy, leading axis M) as info["params"].
   Returns (history dict of numpy [M, num_evals, ...], info dict with timings and chunking).
   """
   config.validate()
@@ -241,6 +242,8 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto"
           "train_scenes": valid_MxT.sum(-1).tolist(), "chunk_size": chunk_size,
           "compile_s": compile_s, "train_s": train_s, "eval_s": eval_s,
           "run_s": train_s + eval_s, "compiled_temp_bytes": memory[0] if memory else None}
+  if keep_params:
+    info["params"] = jax.tree_util.tree_map(lambda x: x[:num_models], parallel.to_host(state[0]))
   logging.info("%s: %d models, compile %.1fs, train %.1fs, evaluate %.1fs", model.name,
                num_models, compile_s, train_s, eval_s)
   return history, info
