@@ -51,6 +51,14 @@ def get_config(arg="smoke"):
   c.trees = "trees" in options  # also fit tree approximators (bindjax.complexity.trees)
   c.tree_models = "random_forest"
   c.tree_estimators = 100
+  # Prequential description length of every model (docs/complexity.md, "Description length"):
+  # blocks end at these fractions of the objects; each block's fits use steps, schedule and
+  # every learning rate, with dl_restarts initialisations; coordinates coded to precision
+  # dl_precision × the embeddings' RMS standard deviation.
+  c.description_length = False
+  c.dl_block_fractions = tuple(round(0.1 * i, 1) for i in range(1, 10))
+  c.dl_restarts = 4
+  c.dl_precision = 1e-3
   c.overwrite = False
   if preset == "smoke":
     c.models = "mlp:64,product,sum_product"

@@ -3,8 +3,11 @@ the result files (docs/complexity.md).
 
 `run(config, workdir)` writes workdir/results.json (config, probe source, timings, fit rows with
 histories, the summary over seeds), workdir/results.csv (one row per fit), workdir/summary.csv
-(median and spread over seeds per model and train fraction) and workdir/complexity.png.
+(median and spread over seeds per model and train fraction) and workdir/complexity.png; with
+`description_length=True` also workdir/description_length.json and .csv (one row per model and
+seed; docs/complexity.md, "Description length").
 """
+import dataclasses
 import os
 import time
 
@@ -15,6 +18,7 @@ from bindjax import embeddings
 from bindjax import files
 from bindjax import progress as progress_lib
 from bindjax.complexity import data as data_lib
+from bindjax.complexity import description_length
 from bindjax.complexity import families
 from bindjax.complexity import figure
 from bindjax.complexity import fitting
@@ -24,6 +28,7 @@ from bindjax.probes import linear
 
 RESULTS_FILE = "results.json"
 OUTPUT_FILES = (RESULTS_FILE, "results.csv", "summary.csv", "complexity.png")
+DESCRIPTION_LENGTH_FILES = ("description_length.json", "description_length.csv")
 
 
 def frozen_probes(embedding_set, source="auto", probe_config=None, progress=False):
@@ -77,6 +82,47 @@ def fit_config_from(config):
                            eval_cadence=config.eval_cadence).validate()
 
 
+def code_config_from(config):
+  """CodeConfig of a complexity ConfigDict's dl_* fields (ValueError naming a bad field)."""
+  try:
+    return description_length.CodeConfig(
+        block_fractions=tuple(config.dl_block_fractions), restarts=int(config.dl_restarts),
+        precision=float(config.dl_precision)).validate()
+  except ValueError as e:  # The messages start with the CodeConfig field's name.
+    raise ValueError(f"dl_{e}") from None
+
+
+def run_description_length(models, data, probes, config, fit_config, code_config, workdir,
+                           log=print, progress=True):
+  """Measures the description length of every model and seed; writes DESCRIPTION_LENGTH_FILES
+  to workdir and returns the rows."""
+  points, _ = description_length.candidates(data.num_unique, config.seeds, config.learning_rates,
+                                            code_config)
+  num_fits = len(points.num_train_M)
+  bar, on_eval = progress_lib.loss_bar(len(models) * num_fits * fit_config.steps, "model-step",
+                                       progress)
+  start = time.perf_counter()
+  try:
+    rows = description_length.measure(
+        models, data, config.seeds, config.learning_rates, code_config, fit_config, probes,
+        chunk_size=resolve_chunk(config.chunk_size), memory_bytes=int(config.memory_bytes) or None,
+        on_eval=on_eval)
+  finally:
+    bar.close()
+  seconds = time.perf_counter() - start
+  for row in rows:
+    log(f"{row['name']:>20} seed={row['seed']}: description length {row['bits_per_scene']:.1f} "
+        f"bits/scene ({row['total_bits']:.0f} bits, {row['num_scenes']} scenes; baseline "
+        f"{row['baseline_bits_per_scene']:.1f}), {row['num_parameters']} parameters")
+  json_file, csv_file = (os.path.join(workdir, name) for name in DESCRIPTION_LENGTH_FILES)
+  files.write_atomic(csv_file, results.rows_to_csv(rows, description_length.CSV_COLUMNS))
+  files.write_json(json_file, files.to_jsonable({
+      "code_config": dataclasses.asdict(code_config), "steps": fit_config.steps,
+      "schedule": fit_config.schedule, "learning_rates": list(config.learning_rates),
+      "fits_per_model": num_fits, "seconds": seconds, "rows": rows}), indent=1)
+  return rows
+
+
 def run(config, workdir, embedding_set=None, log=print, progress=True):
   """The `bindjax complexity` flow; writes the result files and returns the fit rows."""
   results_path = os.path.join(workdir, RESULTS_FILE)
@@ -89,6 +135,7 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
   models = families.parse_models(config.models, vpc, embedding_set.objects.shape[1],
                                  embedding_set.embeddings.shape[1], int(config.embed_dim))
   chunk_size = resolve_chunk(config.chunk_size)
+  code_config = code_config_from(config) if config.get("description_length") else None
   start = time.perf_counter()
   if config.probes_file:
     probes, probe_source = linear.weights_from_file(config.probes_file, vpc), config.probes_file
@@ -127,6 +174,9 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
         f"object acc {row['best_test_object_acc']:.3f} (concept acc "
         f"{row['test_concept_acc_at_best']:.3f}); test-only R² best {row['best_test_r2']:.3f}, "
         f"final {row['final_test_only_r2']:.3f} (the original reports the final)")
+  if code_config is not None:
+    run_description_length(models, data, probes, config, fit_config, code_config, workdir, log,
+                           progress)
   summary_rows = results.summarize_seeds(rows)
   summary = {
       "config": config.to_dict(), "embeddings": embedding_set.provenance,

@@ -40,13 +40,11 @@ class CodeConfig:
   block_fractions: tuple = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
   # Initialisations per block and learning rate; the lowest training MSE codes the block.
   restarts: int = 4
-  learning_rates: tuple = (1e-2,)
   # eps = precision × the root mean square over dimensions of the embeddings' standard deviation.
   precision: float = 1e-3
 
   def __post_init__(self):
     object.__setattr__(self, "block_fractions", tuple(float(f) for f in self.block_fractions))
-    object.__setattr__(self, "learning_rates", tuple(float(r) for r in self.learning_rates))
 
   def validate(self):
     """Returns self; ValueError naming the bad field."""
@@ -55,8 +53,6 @@ class CodeConfig:
       raise ValueError(f"block_fractions={f}: expected increasing fractions in (0, 1)")
     if int(self.restarts) != self.restarts or self.restarts < 1:
       raise ValueError(f"restarts={self.restarts}: expected an integer ≥ 1")
-    if not self.learning_rates or min(self.learning_rates) <= 0:
-      raise ValueError(f"learning_rates={self.learning_rates}: expected positive rates")
     if not 0 < self.precision < math.inf:
       raise ValueError(f"precision={self.precision}: expected a positive number")
     return self
@@ -122,19 +118,20 @@ def mixture_bits(model_bits_N, baseline_bits_N):
   return 1.0 - np.logaddexp2(-np.asarray(model_bits_N, np.float64), -baseline_bits_N)
 
 
-def _candidates(num_objects, seeds, config):
-  """Points of every (seed, block ≥ 1, learning rate, restart), and their coordinates."""
+def candidates(num_objects, seeds, learning_rates, config):
+  """Fits of one family: Points of every (seed, block j ≥ 1, learning rate, restart) and those
+  coordinates, seed-major. Restart r of seed s initialises from fold_in(PRNGKey(s), r)."""
   fractions = boundary_fractions(num_objects, config.block_fractions)
-  coords = [(s, j, lr, r) for s in seeds for j in range(1, len(fractions) + 1)
-            for lr in config.learning_rates for r in range(config.restarts)]
+  coords = [(int(s), j, float(lr), r) for s in seeds for j in range(1, len(fractions) + 1)
+            for lr in learning_rates for r in range(config.restarts)]
   points = data_lib.make_points(num_objects, [fractions[c[1] - 1] for c in coords],
                                 [c[0] for c in coords], [c[2] for c in coords])
   keys = [jax.random.fold_in(jax.random.PRNGKey(s), r) for s, _, _, r in coords]
   return points.replace(key_Mx2=np.stack([np.asarray(k) for k in keys]).astype(np.uint32)), coords
 
 
-def measure(models, data, seeds, config, fit_config, probes=None, mesh=None, chunk_size="auto",
-            memory_bytes=None, on_eval=None):
+def measure(models, data, seeds, learning_rates, config, fit_config, probes=None, mesh=None,
+            chunk_size="auto", memory_bytes=None, on_eval=None):
   """Prequential code length of every (approximator, seed) on `data` (a ComplexityData).
 
   The fits train fit_config.steps steps with one evaluation at the end (scored by `probes`,
@@ -151,7 +148,7 @@ def measure(models, data, seeds, config, fit_config, probes=None, mesh=None, chu
   boundaries = block_boundaries(data.num_unique, config.block_fractions)
   eps, baseline_bits_N = baseline(data.targets_NxD, config.precision)
   precision_bits = -data.targets_NxD.shape[-1] * math.log2(eps)
-  points, coords = _candidates(data.num_unique, seeds, config)
+  points, coords = candidates(data.num_unique, seeds, learning_rates, config)
   rows = []
   for model in models:
     _, info = fitting.fit_models(model, data, probes, points, fit_config, mesh, chunk_size,
