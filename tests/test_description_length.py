@@ -26,7 +26,6 @@ V5 = (5, 5)
 CODE = dl.CodeConfig(block_fractions=(0.2, 0.4, 0.6, 0.8), restarts=2)
 FIT = fitting.FitConfig(steps=2000, eval_every=2000)
 LEARNING_RATES = (1e-2,)
-ONE_DEVICE = fitting.auto_mesh(1)
 FAMILIES = {f: families.make(f, V5, 2, out_dim=8, widths=w, embed_dim=2) for f, w in
             [("additive", ()), ("product", ()), ("sum_product", ()), ("per_object_product", ()),
              ("mlp", (32,))]}
@@ -40,14 +39,18 @@ def planted(family, draw=5):
   return make_data(V5, objects, ids, np.asarray(targets))
 
 
+def code(models, data, seed=0):
+  """Description-length rows of `models` on `data`, the planted tests' settings, one device."""
+  return dl.measure(models, data, [seed], LEARNING_RATES, CODE, FIT, mesh=fitting.auto_mesh(1))
+
+
 def bits_per_scene(rows):
   return {r["name"]: round(r["bits_per_scene"], 2) for r in rows}
 
 
 @pytest.fixture(scope="module")
 def additive_rows():
-  return dl.measure(list(FAMILIES.values()), planted("additive"), [0], LEARNING_RATES, CODE, FIT,
-                    mesh=ONE_DEVICE)
+  return code(list(FAMILIES.values()), planted("additive"))
 
 
 def test_blocks_partition_the_scenes_by_object_prefix():
@@ -92,8 +95,7 @@ def test_planted_additive_data_has_the_shortest_additive_code(additive_rows):
 
 def test_planted_product_data_is_coded_shorter_by_the_product_family():
   models = [FAMILIES["additive"], FAMILIES["product"]]
-  rows = dl.measure(models, planted("product"), [0], LEARNING_RATES, CODE, FIT,
-                    mesh=ONE_DEVICE)
+  rows = code(models, planted("product"))
   report = bits_per_scene(rows)
   print("product planted, bits per scene:", report)
   assert report["product"] < report["additive"] - 10
@@ -101,11 +103,9 @@ def test_planted_product_data_is_coded_shorter_by_the_product_family():
 
 def test_code_length_is_deterministic_given_the_seed(additive_rows):
   data = planted("additive")
-  again = dl.measure([FAMILIES["additive"]], data, [0], LEARNING_RATES, CODE, FIT,
-                    mesh=ONE_DEVICE)[0]
+  (again,) = code([FAMILIES["additive"]], data)
   assert again == additive_rows[0]
-  other = dl.measure([FAMILIES["additive"]], data, [1], LEARNING_RATES, CODE, FIT,
-                    mesh=ONE_DEVICE)[0]
+  (other,) = code([FAMILIES["additive"]], data, seed=1)
   assert other["total_bits"] != again["total_bits"]
 
 

@@ -6,7 +6,9 @@ fraction of objects, seed and learning rate, a model is fitted by full-batch MSE
 whose objects are all training objects and scored on train-only, test-only and mixed scenes by
 frozen linear probes. Writes DIR/results.csv (one row per fit), DIR/summary.csv (median and
 spread over seeds per model and fraction), DIR/results.json (everything, with histories) and
-DIR/complexity.png.
+DIR/complexity.png. With description_length=True, also the prequential code length of every
+model and seed (bits per scene, docs/complexity.md "Description length") in
+DIR/description_length.json and .csv.
 
 Config fields (--config.FIELD=VALUE): embeddings (set directory); models (comma list:
 mlp:W1xW2.., additive, product, product:W, sum_product, sum_product:W, per_object_product,
@@ -15,7 +17,9 @@ per_object_sum_product, per_object_sum_product:W); train_fractions, seeds, learn
 eval_cadence (original: after steps 1, 101, …; end: after 100, 200, …); embed_dim (slot
 embedding width, 0 = D); probes (auto | stored | fit), probes_file (a probes.npz of `bindjax
 probe`), probe_steps, probe_similarity; chunk_size (auto | none | n models at once),
-memory_bytes; trees, tree_models, tree_estimators; overwrite.
+memory_bytes; trees, tree_models, tree_estimators; description_length (on/off),
+dl_block_fractions (block boundaries as fractions of the objects), dl_restarts (fits per block
+and learning rate), dl_precision (coding precision relative to the embeddings' scale); overwrite.
 
 In the original code: "sum+product" is sum_product; it reports one run and the final
 evaluation, which results.csv has as final_* beside the best over evaluations (best_*).

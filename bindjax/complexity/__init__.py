@@ -3,6 +3,6 @@ concept values reproduce its embedding on objects never seen in training.
 
 Modules: `data` (scenes and object-level splits), `families` (approximators), `fitting`
 (batched fitting and scoring with frozen probes), `trees` (scikit-learn approximators on the same
-splits), `results` (CSV and the summary over seeds), `figure`, and `analysis` (the
-`bindjax complexity` flow).
+splits), `results` (CSV and the summary over seeds), `figure`, `description_length`
+(prequential code length per family), and `analysis` (the `bindjax complexity` flow).
 """

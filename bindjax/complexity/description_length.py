@@ -163,34 +163,32 @@ def measure(models, data, seeds, learning_rates, config, fit_config, probes=None
 
 def _code_row(model, seed, data, boundaries, points, coords, bits_MxN, train_mse_M,
               baseline_bits_N, eps, precision_bits):
-  """The code of one seed's ordering: each block by its best candidate (lowest training MSE)."""
+  """The code of one seed's ordering: block 0 by the baseline, block j ≥ 1 by the mixture with
+  its fit of lowest training MSE."""
   members = [m for m, c in enumerate(coords) if c[0] == seed]
   block_N = scene_blocks(data.object_ids_NxK, points.permutation_MxU[members[0]], boundaries)
-  blocks = [{"objects": [0, boundaries[0]], "coder": "baseline",
-             "num_scenes": int((block_N == 0).sum()),
-             "bits": float(baseline_bits_N[block_N == 0].sum() +
-                           (block_N == 0).sum() * precision_bits)}]
+  bits_N = baseline_bits_N + precision_bits
+  blocks = [{"objects": [0, boundaries[0]], "coder": "baseline"}]
   for j in range(1, len(boundaries)):
-    candidates = [m for m in members if coords[m][1] == j]
-    best = candidates[int(np.argmin(train_mse_M[candidates]))]
-    in_block = block_N == j
-    model_bits = bits_MxN[best, in_block]
+    fits = [m for m in members if coords[m][1] == j]
+    best = fits[int(np.argmin(train_mse_M[fits]))]
+    in_block_N = block_N == j
+    model_bits_B, baseline_bits_B = bits_MxN[best, in_block_N], baseline_bits_N[in_block_N]
+    bits_N[in_block_N] = mixture_bits(model_bits_B, baseline_bits_B) + precision_bits
     blocks.append({
         "objects": [boundaries[j - 1], boundaries[j]], "coder": "model",
-        "num_scenes": int(in_block.sum()),
-        "bits": float(mixture_bits(model_bits, baseline_bits_N[in_block]).sum() +
-                      in_block.sum() * precision_bits),
         "learning_rate": coords[best][2], "restart": coords[best][3],
         "train_mse": float(train_mse_M[best]),
-        # Scenes the baseline codes better than the model (the mixture falls back to it).
-        "baseline_share": float((baseline_bits_N[in_block] < model_bits).mean())
-                          if in_block.any() else 0.0})
-  for block in blocks:
+        # Scenes the baseline codes better than the fit (the mixture falls back to it).
+        "baseline_share": float((baseline_bits_B < model_bits_B).mean()) if len(model_bits_B)
+                          else 0.0})
+  for j, block in enumerate(blocks):
+    block["num_scenes"] = int((block_N == j).sum())
+    block["bits"] = float(bits_N[block_N == j].sum())
     block["bits_per_scene"] = block["bits"] / max(block["num_scenes"], 1)
-  total = sum(b["bits"] for b in blocks)
   return {"name": model.name, "family": model.family, "seed": int(seed),
           "num_parameters": model.num_parameters(), "num_scenes": data.num_scenes,
-          "num_objects": data.num_unique, "num_blocks": len(blocks), "total_bits": total,
-          "bits_per_scene": total / data.num_scenes,
+          "num_objects": data.num_unique, "num_blocks": len(blocks),
+          "total_bits": float(bits_N.sum()), "bits_per_scene": float(bits_N.mean()),
           "baseline_bits_per_scene": float(baseline_bits_N.mean() + precision_bits),
           "eps": eps, "blocks": blocks}
