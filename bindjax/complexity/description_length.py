@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bindjax import objectives
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import fitting
 from bindjax.probes import linear
@@ -89,28 +90,38 @@ def gaussian_bits(residual_NxD, variance_D):
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
-def _model_bits(params, permutation_MxU, num_train_M, data, eps, model):
-  """Per model: [N] Gaussian bits of every scene (residual variance of its training scenes,
-  floored at eps²) and its training MSE. One model at a time, so memory stays O(N·D)."""
+def _fit_errors(params, permutation_MxU, num_train_M, num_coded_M, data, model):
+  """Per fit: its training MSE and [D] mean squared residual on the block it codes (the scenes
+  of the first num_coded objects that are not training scenes). One fit at a time (lax.map),
+  so memory stays O(N·D)."""
 
   def one(args):
-    p, permutation_U, num_train = args
-    residual_NxD = model.apply(p, data.values_NxKxC) - data.targets_NxD
+    p, permutation_U, num_train, num_coded = args
+    sq_NxD = (model.apply(p, data.values_NxKxC) - data.targets_NxD) ** 2
     train_N = data_lib.scene_masks(data.object_ids_NxK, permutation_U, num_train)[0]
-    train_N = train_N.astype(jnp.float32)[:, None]
-    mean_sq_D = (train_N * residual_NxD ** 2).sum(0) / jnp.maximum(train_N.sum(), 1.0)
-    return gaussian_bits(residual_NxD, jnp.maximum(mean_sq_D, eps ** 2)), mean_sq_D.mean()
+    coded_N = data_lib.scene_masks(data.object_ids_NxK, permutation_U, num_coded)[0] & ~train_N
+    train_mse = objectives.masked_mean(sq_NxD.mean(-1), train_N)
+    coded_D = (coded_N[:, None] * sq_NxD).sum(0) / jnp.maximum(coded_N.sum(), 1)
+    return train_mse, coded_D
 
-  return jax.lax.map(one, (params, permutation_MxU, num_train_M))
+  return jax.lax.map(one, (params, permutation_MxU, num_train_M, num_coded_M))
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _fit_bits(params, variance_MxD, data, model):
+  """[M, N] Gaussian bits of every scene around each fit's prediction, variance per fit."""
+  return jax.lax.map(lambda a: gaussian_bits(model.apply(a[0], data.values_NxKxC) -
+                                             data.targets_NxD, a[1]), (params, variance_MxD))
 
 
 def baseline(targets_NxD, precision):
-  """(eps, [N] baseline Gaussian bits of every scene, without the −D·log2 eps precision term)."""
+  """(eps, [D] variance of all scenes, [N] baseline Gaussian bits of every scene without the
+  −D·log2 eps precision term)."""
   targets_NxD = np.asarray(targets_NxD, np.float64)
   variance_D = targets_NxD.var(0)
   eps = precision * math.sqrt(variance_D.mean())
   bits_N = gaussian_bits(targets_NxD - targets_NxD.mean(0), np.maximum(variance_D, eps ** 2))
-  return eps, np.asarray(bits_N, np.float64)
+  return eps, variance_D, np.asarray(bits_N, np.float64)
 
 
 def mixture_bits(model_bits_N, baseline_bits_N):
@@ -146,39 +157,59 @@ def measure(models, data, seeds, learning_rates, config, fit_config, probes=None
                                  data.num_unique, data.targets_NxD.shape[-1],
                                  linear.ProbeConfig())
   boundaries = block_boundaries(data.num_unique, config.block_fractions)
-  eps, baseline_bits_N = baseline(data.targets_NxD, config.precision)
+  eps, baseline_variance_D, baseline_bits_N = baseline(data.targets_NxD, config.precision)
   precision_bits = -data.targets_NxD.shape[-1] * math.log2(eps)
   points, coords = candidates(data.num_unique, seeds, learning_rates, config)
+  num_coded_M = np.asarray([boundaries[c[1]] for c in coords], np.int32)
   rows = []
   for model in models:
     _, info = fitting.fit_models(model, data, probes, points, fit_config, mesh, chunk_size,
                                  memory_bytes, on_eval, keep_params=True)
-    bits_MxN, train_mse_M = (np.asarray(x, np.float64) for x in _model_bits(
-        info["params"], points.permutation_MxU, points.num_train_M, data, eps, model))
+    train_mse_M, coded_MxD = (np.asarray(x, np.float64) for x in _fit_errors(
+        info["params"], points.permutation_MxU, points.num_train_M, num_coded_M, data, model))
     for seed in seeds:
-      rows.append(_code_row(model, seed, data, boundaries, points, coords, bits_MxN,
-                            train_mse_M, baseline_bits_N, eps, precision_bits))
+      members = [m for m, c in enumerate(coords) if c[0] == seed]
+      block_N = scene_blocks(data.object_ids_NxK, points.permutation_MxU[members[0]],
+                             boundaries)
+      coders = _coders(members, coords, np.bincount(block_N, minlength=len(boundaries)),
+                       train_mse_M, coded_MxD, baseline_variance_D, eps)
+      params = jax.tree_util.tree_map(lambda x, c=coders: x[[m for m, _ in c]], info["params"])
+      bits_JxN = np.asarray(_fit_bits(params, np.stack([v for _, v in coders]), data, model),
+                            np.float64)
+      rows.append(_code_row(model, seed, data, boundaries, block_N, coords, coders, bits_JxN,
+                            train_mse_M, coded_MxD, baseline_bits_N, eps, precision_bits))
   return rows
 
 
-def _code_row(model, seed, data, boundaries, points, coords, bits_MxN, train_mse_M,
-              baseline_bits_N, eps, precision_bits):
-  """The code of one seed's ordering: block 0 by the baseline, block j ≥ 1 by the mixture with
-  its fit of lowest training MSE."""
-  members = [m for m, c in enumerate(coords) if c[0] == seed]
-  block_N = scene_blocks(data.object_ids_NxK, points.permutation_MxU[members[0]], boundaries)
-  bits_N = baseline_bits_N + precision_bits
-  blocks = [{"objects": [0, boundaries[0]], "coder": "baseline"}]
-  for j in range(1, len(boundaries)):
+def _coders(members, coords, block_sizes, train_mse_M, coded_MxD, baseline_variance_D, eps):
+  """(fit, [D] variance) coding each block j ≥ 1 of one seed: the fit of lowest training MSE,
+  and the mean squared residual of the previous block's coder on that block (held-out
+  residuals of scenes already decoded), the baseline's variance before any, floored at eps²."""
+  coders, variance_D = [], baseline_variance_D
+  for j in range(1, len(block_sizes)):
     fits = [m for m in members if coords[m][1] == j]
     best = fits[int(np.argmin(train_mse_M[fits]))]
+    coders.append((best, np.maximum(variance_D, eps ** 2)))
+    if block_sizes[j]:
+      variance_D = coded_MxD[best]
+  return coders
+
+
+def _code_row(model, seed, data, boundaries, block_N, coords, coders, bits_JxN, train_mse_M,
+              coded_MxD, baseline_bits_N, eps, precision_bits):
+  """The code of one seed's ordering: block 0 by the baseline, block j ≥ 1 by the half-and-half
+  mixture of the baseline and its coder's Gaussian."""
+  bits_N = baseline_bits_N + precision_bits
+  blocks = [{"objects": [0, boundaries[0]], "coder": "baseline"}]
+  for j, (best, variance_D) in enumerate(coders, start=1):
     in_block_N = block_N == j
-    model_bits_B, baseline_bits_B = bits_MxN[best, in_block_N], baseline_bits_N[in_block_N]
+    model_bits_B, baseline_bits_B = bits_JxN[j - 1, in_block_N], baseline_bits_N[in_block_N]
     bits_N[in_block_N] = mixture_bits(model_bits_B, baseline_bits_B) + precision_bits
     blocks.append({
         "objects": [boundaries[j - 1], boundaries[j]], "coder": "model",
         "learning_rate": coords[best][2], "restart": coords[best][3],
-        "train_mse": float(train_mse_M[best]),
+        "train_mse": float(train_mse_M[best]), "coded_mse": float(coded_MxD[best].mean()),
+        "coding_variance": float(variance_D.mean()),
         # Scenes the baseline codes better than the fit (the mixture falls back to it).
         "baseline_share": float((baseline_bits_B < model_bits_B).mean()) if len(model_bits_B)
                           else 0.0})
