@@ -120,6 +120,7 @@ def run_description_length(models, data, probes, config, fit_config, code_config
       "code_config": dataclasses.asdict(code_config), "steps": fit_config.steps,
       "schedule": fit_config.schedule, "learning_rates": list(config.learning_rates),
       "fits_per_model": num_fits, "seconds": seconds, "rows": rows}), indent=1)
+  log(f"description length: wrote {json_file} and {csv_file}")
   return rows
 
 
