@@ -76,7 +76,8 @@ def test_blocks_partition_the_scenes_by_object_prefix():
       0.1, 0.5), restarts=2))
   assert len(coords) == 2 * 2 * 2 * 2
   # Block j is coded by fits on the first boundaries[j − 1] objects of the seed's permutation.
-  assert [int(n) for n, c in zip(points.num_train_M, coords) if c[2] == 1e-2 and c[3] == 0] == [2, 12] * 2
+  first_restarts = [int(n) for n, c in zip(points.num_train_M, coords) if c[2:] == (1e-2, 0)]
+  assert first_restarts == [2, 12] * 2
 
 
 def test_planted_additive_data_has_the_shortest_additive_code(additive_rows):
