@@ -7,8 +7,9 @@ count and the baseline (the code without concepts). One process per seed keeps e
 
   nice -n 10 python studies/description_length.py --seed=0
   nice -n 10 python studies/description_length.py --seed=1
+  nice -n 10 python studies/description_length.py --seed=0 --embed_dim=16
 
-Writes studies/results/description_length/<set>_seed<seed>.json (every row of
+Writes studies/results/description_length/<set>_seed<seed>[_E<embed_dim>].json (every row of
 `description_length.measure`, with per-block bits, and the settings) after each family, and
 prints a table.
 """
@@ -34,6 +35,7 @@ def main(argv=None):
   p.add_argument("--set", default="clevr_text", choices=sorted(SETS))
   p.add_argument("--models", default=MODELS)
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--embed_dim", type=int, default=0, help="slot embedding width E; 0: D")
   p.add_argument("--steps", type=int, default=1000)
   p.add_argument("--learning_rate", type=float, default=1e-2)
   p.add_argument("--restarts", type=int, default=2)
@@ -43,12 +45,14 @@ def main(argv=None):
   embedding_set = embeddings.read_embeddings(SETS[args.set])
   data, _ = data_lib.from_set(embedding_set)
   models = families.parse_models(args.models, tuple(embedding_set.values_per_concept),
-                                 embedding_set.objects.shape[1], data.targets_NxD.shape[-1])
+                                 embedding_set.objects.shape[1], data.targets_NxD.shape[-1],
+                                 args.embed_dim)
   code = description_length.CodeConfig(
       block_fractions=tuple(float(f) for f in args.block_fractions.split(",")),
       restarts=args.restarts, precision=args.precision).validate()
   fit = fitting.FitConfig(steps=args.steps, eval_every=args.steps, schedule="cosine")
-  path = os.path.join(RESULTS, f"{args.set}_seed{args.seed}.json")
+  tag = f"_E{args.embed_dim}" if args.embed_dim else ""
+  path = os.path.join(RESULTS, f"{args.set}_seed{args.seed}{tag}.json")
   out = {"set": args.set, "num_scenes": data.num_scenes, "num_objects": data.num_unique,
          "dim": int(data.targets_NxD.shape[-1]), "settings": vars(args), "rows": []}
   for model in models:
