@@ -1,4 +1,4 @@
-"""Prequential description length of the real embedding sets in tests/data (docs/complexity.md,
+r"""Prequential description length of the real embedding sets in tests/data (docs/complexity.md,
 "Description length"; findings: docs/findings/description_length.md).
 
 For each approximator family: the code length, in bits per scene, of the set's two-object scene
@@ -8,8 +8,10 @@ count and the baseline (the code without concepts). One process per seed keeps e
   nice -n 10 python studies/description_length.py --seed=0
   nice -n 10 python studies/description_length.py --seed=1
   nice -n 10 python studies/description_length.py --seed=0 --embed_dim=16
+  nice -n 10 python studies/description_length.py --seed=0 --models=mlp:256 \
+      --learning_rate=1e-3 --tag=_mlp_lr1e-3
 
-Writes studies/results/description_length/<set>_seed<seed>[_E<embed_dim>].json (every row of
+Writes studies/results/description_length/<set>_seed<seed>[_E<embed_dim>]<tag>.json (every row of
 `description_length.measure`, with per-block bits, and the settings) after each family, and
 prints a table.
 """
@@ -41,6 +43,7 @@ def main(argv=None):
   p.add_argument("--restarts", type=int, default=2)
   p.add_argument("--block_fractions", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9")
   p.add_argument("--precision", type=float, default=1e-3)
+  p.add_argument("--tag", default="", help="suffix of the results file name")
   args = p.parse_args(argv)
   embedding_set = embeddings.read_embeddings(SETS[args.set])
   data, _ = data_lib.from_set(embedding_set)
@@ -51,8 +54,8 @@ def main(argv=None):
       block_fractions=tuple(float(f) for f in args.block_fractions.split(",")),
       restarts=args.restarts, precision=args.precision).validate()
   fit = fitting.FitConfig(steps=args.steps, eval_every=args.steps, schedule="cosine")
-  tag = f"_E{args.embed_dim}" if args.embed_dim else ""
-  path = os.path.join(RESULTS, f"{args.set}_seed{args.seed}{tag}.json")
+  width = f"_E{args.embed_dim}" if args.embed_dim else ""
+  path = os.path.join(RESULTS, f"{args.set}_seed{args.seed}{width}{args.tag}.json")
   out = {"set": args.set, "num_scenes": data.num_scenes, "num_objects": data.num_unique,
          "dim": int(data.targets_NxD.shape[-1]), "settings": vars(args), "rows": []}
   for model in models:
