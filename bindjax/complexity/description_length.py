@@ -8,9 +8,10 @@ among the first k_1; block j ≥ 1 the scenes whose objects are all among the fi
 the last) but not all among the first k_j. Block 0 is coded by a baseline shared by every
 family: a per-dimension Gaussian with the mean and variance of all scenes. Block j ≥ 1 is coded
 by the family fitted on the scenes of blocks 0..j−1 (the train-only scenes of k_j training
-objects): a per-dimension Gaussian around its predictions, with the variance of its residuals on
-those scenes, mixed half and half with the baseline per scene. Every coordinate is coded to
-precision eps, so a scene costs −log2(density·eps^D) bits.
+objects): a per-dimension Gaussian around its predictions, mixed half and half with the
+baseline per scene. Its variance is the previous block's coder's mean squared residual on the
+previous block (scenes that fit had not seen; the baseline's variance for block 1). Every
+coordinate is coded to precision eps, so a scene costs −log2(density·eps^D) bits.
 
 Every block fit (and every learning rate and restart of it, of which the one with the lowest
 training MSE codes the block) of one family is a model of one `fitting.fit_models` batch.
