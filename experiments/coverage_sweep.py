@@ -49,8 +49,7 @@ GPU_QUICK_STEPS = 15000
 def get_config(arg="smoke"):
   """Sweep config for preset `arg` (smoke | cpu | gpu_quick | paper | paper_20m)."""
   c = train.default_config()
-  c.sweep = ml_collections.ConfigDict(dict(chunk_size=-1, num_data=1, memory_fraction=0.7,
-                                           fast_compile=False, cpu_devices=-1))
+  c.sweep.cpu_devices = -1   # replicas side by side, one per core
   c.grid = ml_collections.ConfigDict(dict(
       spaces=((2, 20),), coverages=COVERAGES_0_1_TO_0_9, seeds=(0, 1, 2),
       learning_rates=(), weight_decays=(), models=()))
