@@ -480,6 +480,8 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
     raise ValueError(f"workdir={workdir!r} is not empty and holds no bindjax run; expected a new "
                      "or empty directory or a run to resume, or pass --overwrite")
   results.check_saved_config(workdir, config_json)
+  # Every process has checked the workdir before process 0 writes into it.
+  parallel.sync("bindjax_sweep_checked")
   if os.path.exists(done_path):
     with open(done_path) as f:
       done = json.load(f)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bindjax import report
+from bindjax import results
 from bindjax.commands import report as report_command
 
 PLANTED = {(2, 20): 0.5, (2, 50): 0.32, (3, 50): 0.3}
@@ -62,12 +63,12 @@ def test_scaling_laws():
 
 def test_select_best_and_final():
   rows = _rows(planted={(2, 20): 0.5}, seeds=(0,))
-  best = report.select_evaluations(rows, "best")
-  final = report.select_evaluations(rows, "final")
+  best = results.select_evaluations(rows, "best")
+  final = results.select_evaluations(rows, "final")
   assert len(best) == len(final) == len(COVERAGES)
   assert all(r["step"] == 200 for r in final)
   with pytest.raises(ValueError, match="step='last'"):
-    report.select_evaluations(rows, "last")
+    results.select_evaluations(rows, "last")
 
 
 def test_report_recovers_planted_rho_star(tmp_path, capsys):
