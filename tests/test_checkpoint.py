@@ -47,7 +47,7 @@ def test_latest_keep_last_n_and_abstract_restore(tmp_path):
       np.testing.assert_array_equal(a, b)
     step, state, _ = ckpt.restore(_state(0), step=2)
     assert step == 2 and float(state.params["tau"]) == 2.0
-    with pytest.raises(ValueError, match="no latest checkpoint at step 1"):
+    with pytest.raises(ValueError, match="no checkpoint at step 1"):
       ckpt.restore(_state(0), step=1)
 
 
