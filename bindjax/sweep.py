@@ -185,6 +185,7 @@ def single_run_config(config):
   if "grid" in config:
     raise ValueError("config.grid is set: a config with a grid is a sweep; run it with "
                      "`bindjax sweep`")
+  train.RunSpec.from_config(config)   # errors name the single run's own fields
   c = ml_collections.ConfigDict(config.to_dict())
   values = c.space.num_values
   values = tuple(values) if isinstance(values, (list, tuple)) else values

@@ -51,7 +51,6 @@ def get_config(arg="smoke"):
   c.trees = "trees" in options  # also fit tree approximators (bindjax.complexity.trees)
   c.tree_models = "random_forest"
   c.tree_estimators = 100
-  c.overwrite = False
   if preset == "smoke":
     c.models = "mlp:64,product,sum_product"
     c.train_fractions = (0.3, 0.5, 0.7)

@@ -28,7 +28,10 @@ SMALL_FLAGS = ["--config=experiments/geometry.py:smoke", "--config.decomposition
 def run_command(monkeypatch, argv):
   # ml_collections reads --config.field overrides from sys.argv, as under the real CLI.
   monkeypatch.setattr(sys, "argv", list(argv))
-  return decompose_command.main(argv)
+  try:
+    return decompose_command.main(argv)
+  except SystemExit as e:   # the command policy's exits: 1 bad input, 2 usage
+    return e.code
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +173,7 @@ def test_command_writes_strict_json_and_refuses_to_overwrite(tmp_path, capsys, m
   assert results["model"] == "planted" and results["dataset"] == "set"
   assert set(results["subtraction"]) == set(decomposition.SUITE)
   assert "R² object model" in capsys.readouterr().out
-  assert run_command(monkeypatch, argv) == 1
+  assert run_command(monkeypatch, argv) == 2    # a non-empty output directory: usage error
   assert path.read_text() == text
   assert sorted(os.listdir(tmp_path / "out")) == [decomposition.RESULTS_FILE]
 

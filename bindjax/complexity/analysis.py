@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bindjax import embeddings
+from bindjax import errors
 from bindjax import files
 from bindjax import progress as progress_lib
 from bindjax.complexity import data as data_lib
@@ -78,17 +79,21 @@ def fit_config_from(config):
 
 
 def run(config, workdir, embedding_set=None, log=print, progress=True):
-  """The `bindjax complexity` flow; writes the result files and returns the fit rows."""
+  """The `bindjax complexity` flow; writes the result files and returns the fit rows.
+
+  A bad config value raises errors.ConfigError (before any fit); bad input data ValueError (docs/cli.md).
+  Replaces earlier results in `workdir` (the command refuses a non-empty one first).
+  """
   results_path = os.path.join(workdir, RESULTS_FILE)
-  if os.path.exists(results_path) and not config.get("overwrite", False):
-    raise FileExistsError(f"{results_path} exists; set --config.overwrite=True to replace it")
+  with errors.config_errors():
+    fit_config = fit_config_from(config)
+    chunk_size = resolve_chunk(config.chunk_size)
   if embedding_set is None:
     embedding_set = embeddings.read_embeddings(config.embeddings)
   vpc = tuple(embedding_set.values_per_concept)
-  fit_config = fit_config_from(config)
-  models = families.parse_models(config.models, vpc, embedding_set.objects.shape[1],
-                                 embedding_set.embeddings.shape[1], int(config.embed_dim))
-  chunk_size = resolve_chunk(config.chunk_size)
+  with errors.config_errors():
+    models = families.parse_models(config.models, vpc, embedding_set.objects.shape[1],
+                                   embedding_set.embeddings.shape[1], int(config.embed_dim))
   start = time.perf_counter()
   if config.probes_file:
     probes, probe_source = linear.weights_from_file(config.probes_file, vpc), config.probes_file
@@ -105,8 +110,9 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
       if k in ("concept_acc", "object_acc")}
   log(f"probes ({probe_source}) on the real {data.num_scenes} K-object scenes: concept acc "
       f"{probe_check['concept_acc']:.3f}, object acc {probe_check['object_acc']:.3f}")
-  entries = fitting.grid_entries(models, config.train_fractions, config.seeds,
-                                 config.learning_rates)
+  with errors.config_errors():
+    entries = fitting.grid_entries(models, config.train_fractions, config.seeds,
+                                   config.learning_rates)
   start = time.perf_counter()
   bar, on_eval = progress_lib.loss_bar(len(entries) * fitting.eval_steps(fit_config)[-1],
                                    "model-step", progress)
