@@ -51,7 +51,6 @@ from bindjax import train
 from bindjax import world
 from bindjax import xla_options
 
-AUTO_CHUNK = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,30 +297,24 @@ def estimate_step_bytes(spec):
 _PROGRAM_CACHE = {}
 
 
-def compile_bucket(spec, mesh, hyper, chunk_setting=AUTO_CHUNK,
+def compile_bucket(spec, mesh, hyper, chunk_setting=parallel.AUTO,
                    memory_fraction=parallel.DEFAULT_MEMORY_FRACTION, log=print,
                    fast_compile=False, keep_best=False):
   """Compiled (init, step, eval, chunk_size) for a bucket's sharded stacked `hyper`.
 
-  chunk_setting: 0 = all replicas at once, n > 0 = n replicas at a time (over all devices),
-  AUTO_CHUNK = from the compiled program's memory analysis (or `estimate_step_bytes`) against
-  the device memory and, on CPU, each core's share of the last-level cache. Compiled programs
-  are cached per (spec, mesh, replicas, chunk).
+  chunk_setting (`parallel.chunk_setting`): None = all replicas at once, n = n replicas at a
+  time (over all devices), "auto" = from the compiled program's memory analysis (or
+  `estimate_step_bytes`) against the device memory and, on CPU, each core's share of the
+  last-level cache. Compiled programs are cached per (spec, mesh, replicas, chunk).
   fast_compile: compile with xla_options.FAST_COMPILE_OPTIONS. Every program gets
   `xla_options.compiler_options` for the mesh's platform.
   keep_best: the state carries each replica's best parameters (`init_bucket_state`); eval
   returns the updated state beside the metrics either way.
   """
   options = xla_options.compiler_options(_platform(mesh), fast_compile)
-  if chunk_setting is None or chunk_setting == 0:
-    chunk = None
-  elif chunk_setting > 0:
-    chunk = int(chunk_setting)
-  elif chunk_setting == AUTO_CHUNK:
+  chunk = parallel.chunk_setting(chunk_setting, "config.sweep.chunk_size")
+  if chunk == parallel.AUTO:
     chunk = _auto_chunk(spec, mesh, hyper, memory_fraction, log, options, keep_best)
-  else:
-    raise ValueError(f"config.sweep.chunk_size={chunk_setting!r}: expected -1 (auto), 0 (off) "
-                     "or a positive number of replicas")
   return _compiled(spec, mesh, hyper, chunk, options, keep_best) + (chunk,)
 
 
@@ -515,7 +508,7 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
              dynamic_ncols=True, disable=not (progress and parallel.is_writer()),
              file=sys.stderr, mininterval=1.0)
   loop = _Loop(mesh=mesh, results=rows, bar=bar, log=log, keep_best=keep_best,
-               chunk_setting=int(settings.chunk_size),
+               chunk_setting=settings.chunk_size,
                memory_fraction=float(settings.memory_fraction),
                fast_compile=bool(settings.fast_compile),
                checkpoint_every=int(config.checkpoint.every), log_every=int(config.log_every))

@@ -55,10 +55,10 @@ def default_config():
   c.log_every = 100
   # keep_best: also keep each replica's parameters at its best held-out object accuracy.
   c.checkpoint = ml_collections.ConfigDict(dict(every=1000, keep=3, keep_best=True))
-  # How the loop runs (bindjax.sweep): chunk_size -1 automatic, 0 all replicas at once, n at a
-  # time; num_data devices per replica; fast_compile cheaper XLA compiles of slower code (tiny
+  # How the loop runs (bindjax.sweep): chunk_size "auto", "none" (all replicas at once) or n at
+  # a time; num_data devices per replica; fast_compile cheaper XLA compiles of slower code (tiny
   # models); cpu_devices -1 one single-threaded device per CPU core, 0 JAX's default CPU device.
-  c.sweep = ml_collections.ConfigDict(dict(chunk_size=-1, num_data=1, memory_fraction=0.7,
+  c.sweep = ml_collections.ConfigDict(dict(chunk_size="auto", num_data=1, memory_fraction=0.7,
                                            fast_compile=False, cpu_devices=0))
   return c
 

@@ -154,7 +154,7 @@ def test_vmapped_sweep_equals_separate_runs(reference):
 def test_unsharded_chunked_equals_sharded(reference, tmp_path):
   _, _, rows = reference
   c = tiny_config()
-  c.sweep.chunk_size = 4  # 3 chunks of 4 replicas on one device
+  c.sweep.chunk_size = "4"  # 3 chunks of 4 replicas on one device
   sweep.run_sweep(c, str(tmp_path), progress=False, devices=jax.devices()[:1])
   _assert_rows_close(_rows(str(tmp_path)), rows)
 
@@ -302,7 +302,7 @@ def test_data_axis_splits_each_replicas_batch_and_matches():
                                            parallel.num_replica_shards(mesh))
     hyper = parallel.shard_replicas(hyper_np, mesh)
     # fast_compile as the smoke preset runs it, so num_data=1 reuses the reference's program.
-    init_fn, step_fn, eval_fn, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, 0,
+    init_fn, step_fn, eval_fn, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, "none",
                                                         log=lambda *_: None, fast_compile=True)
     state, history = init_fn(hyper), []
     for _ in range(3):

@@ -14,6 +14,7 @@ import numpy as np
 from bindjax import embeddings
 from bindjax import errors
 from bindjax import files
+from bindjax import parallel
 from bindjax import progress as progress_lib
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
@@ -56,21 +57,6 @@ def frozen_probes(embedding_set, source="auto", probe_config=None, progress=Fals
   return weights, f"fit on all {n} scenes, {probe_config.steps} steps"
 
 
-def resolve_chunk(value):
-  """The config's chunk_size: "auto", None (for "none") or a positive int."""
-  if value in (None, "none", "None", ""):
-    return None
-  if value == "auto":
-    return "auto"
-  try:
-    chunk = int(value)
-  except (TypeError, ValueError):
-    raise ValueError(f"chunk_size={value!r}: expected 'auto', 'none' or an integer") from None
-  if chunk < 1:
-    raise ValueError(f"chunk_size={value!r}: expected ≥ 1")
-  return chunk
-
-
 def fit_config_from(config):
   """FitConfig of a complexity ConfigDict (ValueError naming a bad field)."""
   return fitting.FitConfig(steps=int(config.steps), eval_every=int(config.eval_every),
@@ -87,7 +73,7 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
   results_path = os.path.join(workdir, RESULTS_FILE)
   with errors.config_errors():
     fit_config = fit_config_from(config)
-    chunk_size = resolve_chunk(config.chunk_size)
+    chunk_size = parallel.chunk_setting(config.chunk_size)
   if embedding_set is None:
     embedding_set = embeddings.read_embeddings(config.embeddings)
   vpc = tuple(embedding_set.values_per_concept)
