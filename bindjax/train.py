@@ -108,13 +108,14 @@ class RunSpec:
   sampler: scenes.SamplerConfig        # training batches
   eval_sampler: scenes.SamplerConfig   # evaluation batches (eval_batch_size scenes)
   model: models.ModelConfig
+  # No defaults here: default_config() holds them, once.
   num_steps: int
-  warmup_fraction: float = 0.1
-  eval_every: int = 1000
-  eval_batches: int = 10
-  adam_b1: float = 0.9
-  adam_b2: float = 0.999
-  adam_eps: float = 1e-8
+  warmup_fraction: float
+  eval_every: int
+  eval_batches: int
+  adam_b1: float
+  adam_b2: float
+  adam_eps: float
 
   @property
   def warmup_steps(self):

@@ -12,7 +12,8 @@ sum+product}, lr 1e-2, 4,000 steps, constant learning rate and evaluations after
 
 `embeddings` is a native embedding set or a folder of the original code; the frozen probes are
 the set's stored ones, a probes.npz (`probes_file`, as `bindjax probe` writes), or fitted on all
-scenes (`probes="fit"`). `models` is a comma list: mlp:W1xW2.., additive, product, product:W
+scenes (`probes="fit"`). `models` is a tuple (on the command line a comma list is enough:
+--config.models=additive,product) of: mlp:W1xW2.., additive, product, product:W
 (learned W), sum_product, sum_product:W, per_object_product, per_object_sum_product,
 per_object_sum_product:W. `seeds` are restarts (object split and initialisation): summary.csv
 reports the median and spread over them.
@@ -20,6 +21,9 @@ reports the median and spread over them.
 import os
 
 import ml_collections
+
+from bindjax.complexity import fitting
+from bindjax.probes import linear
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,29 +34,30 @@ def get_config(arg="smoke"):
   preset, options = parts[0], set(parts[1:])
   if preset not in ("smoke", "cpu", "paper") or options - {"trees"}:
     raise ValueError(f"complexity config arg={arg!r}: expected smoke|cpu|paper[,trees]")
+  fit, probe = fitting.FitConfig(), linear.ProbeConfig()
   c = ml_collections.ConfigDict()
   c.embeddings = os.path.join(_REPO, "tests", "data", "clevr_text")
   c.probes = "auto"             # auto | stored | fit
   c.probes_file = ""            # probes.npz written by `bindjax probe`
-  c.probe_steps = 10_000
-  c.probe_similarity = "dot"
-  c.models = "mlp:1024,product,sum_product"
+  c.probe_steps = probe.steps
+  c.probe_similarity = probe.similarity
+  c.models = ("mlp:1024", "product", "sum_product")
   c.embed_dim = 0               # slot embedding width; 0 = embedding width D
   c.train_fractions = tuple(round(0.1 * i, 1) for i in range(1, 10))
   c.seeds = (0,)
   c.learning_rates = (1e-2,)
-  c.steps = 4000
-  c.eval_every = 100
+  c.steps = fit.steps
+  c.eval_every = fit.eval_every
   c.schedule = "constant"       # the original's effective schedule; "cosine" decays to 0
   # Evaluations after steps 1, 101, …, 3901 as in the original ("end": after 100, …, 4000).
   c.eval_cadence = "original"
   c.chunk_size = "auto"         # auto | none | an integer number of models per chunk
   c.memory_bytes = 0            # 0: the device's memory
   c.trees = "trees" in options  # also fit tree approximators (bindjax.complexity.trees)
-  c.tree_models = "random_forest"
+  c.tree_models = ("random_forest",)
   c.tree_estimators = 100
   if preset == "smoke":
-    c.models = "mlp:64,product,sum_product"
+    c.models = ("mlp:64", "product", "sum_product")
     c.train_fractions = (0.3, 0.5, 0.7)
     c.steps = 200
     c.eval_every = 50

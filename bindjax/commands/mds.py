@@ -17,7 +17,7 @@ def main(argv):
   """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
   fv = geometry_flags.new_flag_values()
   flags.DEFINE_multi_string("quadruple", None, "attribute_a,attribute_b,shape_x,shape_y "
-                            "(repeatable; default: config mds.quadruples, ';'-separated)",
+                            "(repeatable; default: the config's mds.quadruples tuple)",
                             flag_values=fv)
   geometry_flags.parse(fv, argv, __doc__)
   prog, workdir = argv[0], fv["workdir"].value
@@ -29,7 +29,7 @@ def main(argv):
   from bindjax.plots import mds as mds_plots  # pylint: disable=g-import-not-at-top
   with flags_lib.usage_errors(prog):
     cfg = config_lib.from_flags(fv).mds
-    specs = fv["quadruple"].value or [q for q in str(cfg.quadruples).split(";") if q.strip()]
+    specs = fv["quadruple"].value or [q for q in cfg.quadruples if q.strip()]
     if not specs:
       raise ValueError("no quadruple given: pass --quadruple=attribute_a,attribute_b,shape_x,"
                        "shape_y (or set --config.mds.quadruples)")

@@ -18,15 +18,19 @@ from bindjax.commands import flags as flags_lib
 
 def main(argv):
   """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
+  from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
+  defaults = linear.ProbeConfig()
   fv = flags_lib.new_flag_values(with_config=False, with_workdir=True)
   flags.DEFINE_string("embeddings", None, "embedding set directory (native or original layout)",
                       flag_values=fv)
-  flags.DEFINE_integer("steps", 10_000, "Adam steps (full batch)", flag_values=fv)
-  flags.DEFINE_float("learning_rate", 1e-2, "Adam learning rate (cosine decay to 0)",
-                     flag_values=fv)
-  flags.DEFINE_enum("similarity", "dot", ["dot", "cosine"], "probe logits", flag_values=fv)
-  flags.DEFINE_float("train_fraction", 0.4, "fraction of scenes for training", flag_values=fv)
-  flags.DEFINE_integer("seed", 0, "split (torch-compatible randperm) and init seed",
+  flags.DEFINE_integer("steps", defaults.steps, "Adam steps (full batch)", flag_values=fv)
+  flags.DEFINE_float("learning_rate", defaults.learning_rate,
+                     "Adam learning rate (cosine decay to 0)", flag_values=fv)
+  flags.DEFINE_enum("similarity", defaults.similarity, list(linear.SIMILARITIES),
+                    "probe logits", flag_values=fv)
+  flags.DEFINE_float("train_fraction", defaults.train_fraction,
+                     "fraction of scenes for training", flag_values=fv)
+  flags.DEFINE_integer("seed", defaults.seed, "split (torch-compatible randperm) and init seed",
                        flag_values=fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
   flags_lib.define_overwrite(fv)
@@ -34,7 +38,6 @@ def main(argv):
   prog, workdir, directory = argv[0], fv["workdir"].value, fv["embeddings"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
   from bindjax import embeddings  # pylint: disable=g-import-not-at-top
-  from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
   with flags_lib.usage_errors(prog):
     config = linear.ProbeConfig(steps=fv["steps"].value, learning_rate=fv["learning_rate"].value,
                                 similarity=fv["similarity"].value,

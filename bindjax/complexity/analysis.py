@@ -11,6 +11,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
+from bindjax import config_values
 from bindjax import embeddings
 from bindjax import errors
 from bindjax import files
@@ -110,7 +111,7 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
     bar.close()
   grid_s = time.perf_counter() - start
   if config.trees:
-    for kind in [k.strip() for k in config.tree_models.split(",") if k.strip()]:
+    for kind in config_values.names(config.tree_models, "tree_models"):
       fractions = [f for f in config.train_fractions for _ in config.seeds]
       seeds = [s for _ in config.train_fractions for s in config.seeds]
       rows += trees.fit_trees(kind, data, probes, fractions, seeds, int(config.tree_estimators))
