@@ -23,18 +23,12 @@ def main(argv):
   geometry_flags.parse(fv, argv, __doc__)
   prog, workdir = argv[0], fv["workdir"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
-  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
+  from bindjax.geometry import analysis  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
-  from bindjax.geometry import decomposition  # pylint: disable=g-import-not-at-top
   with flags_lib.usage_errors(prog):
     cfg = config_lib.from_flags(fv)
-    settings = config_lib.decomposition_config(cfg)
   with flags_lib.run_errors(prog):
-    embedding_set = embeddings.read_embeddings(fv["embeddings"].value)
-    results = decomposition.run_decomposition(embedding_set, settings)
-  results["dataset"], results["model"] = config_lib.run_labels(cfg, embedding_set,
-                                                               fv["embeddings"].value)
-  path = decomposition.write_decomposition(workdir, results, overwrite=True)
+    results, path = analysis.decompose(cfg, fv["embeddings"].value, workdir)
   fits = results["fits"]
   print(f"{path}: R² object model {fits['object']['r2_all']:.4f}, concept model "
         f"{fits['concept']['r2_all']:.4f}; " + ", ".join(

@@ -25,18 +25,12 @@ def main(argv):
   geometry_flags.parse(fv, argv, __doc__)
   prog, workdir = argv[0], fv["workdir"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
-  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
+  from bindjax.geometry import analysis  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
-  from bindjax.geometry import interventions  # pylint: disable=g-import-not-at-top
   with flags_lib.usage_errors(prog):
     cfg = config_lib.from_flags(fv)
-    settings = config_lib.intervention_config(cfg)
   with flags_lib.run_errors(prog):
-    embedding_set = embeddings.read_embeddings(fv["embeddings"].value)
-    summary, rows = interventions.run_interventions(embedding_set, settings)
-  summary["dataset"], summary["model"] = config_lib.run_labels(cfg, embedding_set,
-                                                               fv["embeddings"].value)
-  interventions.write_interventions(workdir, summary, rows, overwrite=True)
+    summary = analysis.intervene(cfg, fv["embeddings"].value, workdir)
   print(f"{workdir}: {summary['num_cases']} cases from "
         f"{summary['num_scenes_with_different_shapes']} scenes with two different shapes")
   for bank, result in summary["results"].items():

@@ -9,8 +9,6 @@ object; rows are classes) and OUT/probe_metrics.json (train and test concept and
 accuracy, losses); a non-empty OUT is refused unless --overwrite. `bindjax complexity` and
 `bindjax interventions` take the probes.npz as `probes_file`, so the probes are fitted once.
 """
-import os
-
 from absl import flags
 
 from bindjax.commands import flags as flags_lib
@@ -37,17 +35,12 @@ def main(argv):
   flags_lib.parse(fv, argv, required=("embeddings", "workdir"), description=__doc__)
   prog, workdir, directory = argv[0], fv["workdir"].value, fv["embeddings"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
-  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
-  with flags_lib.usage_errors(prog):
-    config = linear.ProbeConfig(steps=fv["steps"].value, learning_rate=fv["learning_rate"].value,
-                                similarity=fv["similarity"].value,
-                                train_fraction=fv["train_fraction"].value,
-                                seed=fv["seed"].value).validate()
-  with flags_lib.input_errors(prog):
-    embedding_set = embeddings.read_embeddings(directory)
-    probes, metrics = linear.run_probes(embedding_set, config, progress=fv["progress"].value)
-  metrics["embeddings"] = os.path.abspath(directory)
-  probes_path, metrics_path = linear.write_probes(probes, metrics, workdir)
+  config = linear.ProbeConfig(steps=fv["steps"].value, learning_rate=fv["learning_rate"].value,
+                              similarity=fv["similarity"].value,
+                              train_fraction=fv["train_fraction"].value, seed=fv["seed"].value)
+  with flags_lib.run_errors(prog):
+    metrics, probes_path, metrics_path = linear.run(config, directory, workdir,
+                                                    progress=fv["progress"].value)
   for split in ("train", "test"):
     m = metrics[split]
     print(f"{split}: concept acc {m['concept_acc']:.3f}  object acc {m['object_acc']:.3f}  "
