@@ -12,8 +12,7 @@ sum+product}, lr 1e-2, 4,000 steps, constant learning rate and evaluations after
 
 `embeddings` is a native embedding set or a folder of the original code; the frozen probes are
 the set's stored ones, a probes.npz (`probes_file`, as `bindjax probe` writes), or fitted on all
-scenes (`probes="fit"`). `models` is a tuple (on the command line a comma list is enough:
---config.models=additive,product) of: mlp:W1xW2.., additive, product, product:W
+scenes (`probes="fit"`). `models` is a comma list: mlp:W1xW2.., additive, product, product:W
 (learned W), sum_product, sum_product:W, per_object_product, per_object_sum_product,
 per_object_sum_product:W. `seeds` are restarts (object split and initialisation): summary.csv
 reports the median and spread over them.
@@ -41,7 +40,9 @@ def get_config(arg="smoke"):
   c.probes_file = ""            # probes.npz written by `bindjax probe`
   c.probe_steps = probe.steps
   c.probe_similarity = probe.similarity
-  c.models = ("mlp:1024", "product", "sum_product")
+  # A comma string, not a tuple: ml_collections cannot parse "mlp:64,product" as a tuple
+  # override (the colon), and a comma list is what a researcher types.
+  c.models = "mlp:1024,product,sum_product"
   c.embed_dim = 0               # slot embedding width; 0 = embedding width D
   c.train_fractions = tuple(round(0.1 * i, 1) for i in range(1, 10))
   c.seeds = (0,)
@@ -54,10 +55,10 @@ def get_config(arg="smoke"):
   c.chunk_size = "auto"         # auto | none | an integer number of models per chunk
   c.memory_bytes = 0            # 0: the device's memory
   c.trees = "trees" in options  # also fit tree approximators (bindjax.complexity.trees)
-  c.tree_models = ("random_forest",)
+  c.tree_models = "random_forest"   # comma string, like models
   c.tree_estimators = 100
   if preset == "smoke":
-    c.models = ("mlp:64", "product", "sum_product")
+    c.models = "mlp:64,product,sum_product"
     c.train_fractions = (0.3, 0.5, 0.7)
     c.steps = 200
     c.eval_every = 50

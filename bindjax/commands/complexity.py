@@ -8,8 +8,7 @@ frozen linear probes. Writes DIR/results.csv (one row per fit), DIR/summary.csv 
 spread over seeds per model and fraction), DIR/results.json (everything, with histories) and
 DIR/complexity.png.
 
-Config fields (--config.FIELD=VALUE): embeddings (set directory); models (a tuple; a comma list on
-the command line:
+Config fields (--config.FIELD=VALUE): embeddings (set directory); models (comma list:
 mlp:W1xW2.., additive, product, product:W, sum_product, sum_product:W, per_object_product,
 per_object_sum_product, per_object_sum_product:W); train_fractions, seeds, learning_rates
 (tuples: the grid); steps, eval_every, schedule (constant as the original, or cosine),

@@ -54,7 +54,7 @@ def config_for(args, models, fractions, embeddings_dir):
   from bindjax.commands import flags  # pylint: disable=g-import-not-at-top
   config = flags.load_config(PAPER)
   config.embeddings = embeddings_dir
-  config.models = tuple(models.split(","))
+  config.models = models
   config.train_fractions = tuple(fractions)
   config.steps = args.steps
   config.eval_every = min(100, args.steps)
