@@ -226,7 +226,7 @@ def extract(trained, objects="all", single_objects=False, batch_size=4096):
   ids_U = object_ids_for(trained, objects)
   values_UxC = space.object_values(ids_U)
   num_u, num_c = len(ids_U), space.num_concepts
-  first_P, second_P = np.divmod(np.arange(num_u * num_u), num_u)
+  first_P, second_P = world.ordered_pairs(num_u)
   objects_NxKxC = np.full((num_u * num_u, space.max_objects, num_c), -1, np.int32)
   objects_NxKxC[:, 0] = values_UxC[first_P]
   objects_NxKxC[:, 1] = values_UxC[second_P]

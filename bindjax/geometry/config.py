@@ -20,7 +20,7 @@ def get_config(preset="paper"):
     raise ValueError(f"geometry config preset {preset!r}: expected one of {PRESETS}")
   fit_steps, probe_steps = {"smoke": (200, 200), "cpu": (3000, 3000),
                             "paper": (10_000, 10_000)}[preset]
-  fit, probe = decomposition.FitConfig(), linear.ProbeConfig()
+  fit, probe = decomposition.AdditiveFitConfig(), linear.ProbeConfig()
   cfg = ml_collections.ConfigDict()
   cfg.preset = preset
   cfg.dataset_name = ""   # labels for interventions tables; default: provenance / folder name
@@ -60,9 +60,10 @@ def probe_config(cfg):
 def decomposition_config(cfg):
   """DecompositionConfig from the ConfigDict (ValueError for bad fields)."""
   d = cfg.decomposition
-  fit = decomposition.FitConfig(steps=int(d.steps), learning_rate=float(d.learning_rate),
-                                weight_decay=float(d.weight_decay), batch_size=int(d.batch_size),
-                                train_fraction=float(d.train_fraction), seed=int(d.seed))
+  fit = decomposition.AdditiveFitConfig(
+      steps=int(d.steps), learning_rate=float(d.learning_rate),
+      weight_decay=float(d.weight_decay), batch_size=int(d.batch_size),
+      train_fraction=float(d.train_fraction), seed=int(d.seed))
   return decomposition.DecompositionConfig(
       fit=fit.validate(), probe=probe_config(cfg), banks=_banks(d.banks, "decomposition.banks"),
       control_seed=int(d.control_seed), tie_tolerance=float(d.tie_tolerance),
