@@ -30,7 +30,7 @@ commands:
   interventions       object-replacement interventions
   interventions-table collect intervention summaries into Markdown and LaTeX tables
   mds                 MDS geometry of quadruples
-  extract             trained dual encoder -> embedding set (--workdir=RUN --objects=all|train|held-out)
+  extract             trained dual encoder -> embedding set (--workdir=RUN [--replica=N] --objects=all|train|held-out)
 
 `bindjax <command> --help` lists a command's flags."""
 

@@ -261,7 +261,7 @@ class EmbeddingSet:
       with open(os.path.join(tmp, ARRAYS_FILE), "wb") as f:
         np.savez(f, **arrays)
       with open(os.path.join(tmp, METADATA_FILE), "w") as f:
-        json.dump(self._metadata(), f, indent=1)
+        f.write(files.dumps(self._metadata(), indent=1))
       move_into_place(tmp, directory)
     finally:
       if os.path.exists(tmp):

@@ -2,8 +2,9 @@
 
 Semantics: docs/extraction.md.
 
-Sources: a `bindjax train` workdir (config.json + orbax checkpoints; best checkpoint by default) or
-an original PyTorch checkpoint file (through bindjax.compat.torch_checkpoint, no torch needed).
+Sources: one replica of a `bindjax train` or `bindjax sweep` workdir (config.json + orbax
+checkpoints; the best parameters by default) or an original PyTorch checkpoint file (through
+bindjax.compat.torch_checkpoint, no torch needed).
 
 Objects: all |O| ids, or the training / held-out ids of the run's coverage split, ascending.
 Scenes: every ordered pair of those objects including identical ones, row-major (scene 1 is
@@ -46,49 +47,85 @@ def _has_steps(directory):
   return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
 
 
-def load_workdir(workdir, which="best"):
-  """TrainedModel from a `bindjax train` workdir; ValueError naming what is missing or wrong.
-
-  which: "best" (best held-out object accuracy; falls back to the latest checkpoint when no best
-  one was kept) or "latest". Reads only: never creates files in the workdir.
-  """
-  from bindjax import checkpoint  # pylint: disable=g-import-not-at-top
-  from bindjax import train  # pylint: disable=g-import-not-at-top
-  if which not in CHECKPOINTS:
-    raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
-  workdir = os.path.abspath(os.fspath(workdir))
+def _read_run(workdir):
+  """(config, replicas, buckets) of the run in `workdir`; ValueError naming what is wrong."""
+  from bindjax import results  # pylint: disable=g-import-not-at-top
+  from bindjax import sweep  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(workdir):
     raise ValueError(f"workdir {workdir} does not exist")
-  config_path = os.path.join(workdir, train.CONFIG_FILE)
+  config_path = os.path.join(workdir, results.CONFIG_FILE)
   if not os.path.exists(config_path):
-    raise ValueError(f"workdir {workdir}: no {train.CONFIG_FILE}; expected a `bindjax train` "
-                     "workdir (or pass a PyTorch checkpoint file with --checkpoint)")
+    raise ValueError(f"workdir {workdir}: no {results.CONFIG_FILE}; expected a `bindjax train` or "
+                     "`bindjax sweep` workdir (or pass a PyTorch checkpoint file with "
+                     "--checkpoint)")
   try:
     with open(config_path) as f:
       config = ml_collections.ConfigDict(json.load(f))
-    spec = train.RunSpec.from_config(config)
-    hyper, split = train.hyper_from_config(config, spec)
-  except (ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
-    raise ValueError(f"{config_path}: cannot rebuild the model from this config: {e}") from None
-  directory = os.path.join(workdir, train.CHECKPOINT_DIR)
-  available = [w for w in CHECKPOINTS if _has_steps(os.path.join(directory, w))]
-  if not available:
-    raise ValueError(f"workdir {workdir}: no checkpoint under {directory} (expected best/<step> "
-                     "or latest/<step>); has the run saved one yet?")
-  which = which if which in available else available[0]
-  abstract = jax.eval_shape(lambda h: train.init(h.key, spec, h), hyper)
+    replicas, buckets = sweep.expand_grid(config)
+  except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{config_path}: cannot rebuild the models from this config: {e}") from None
+  return config, replicas, buckets
+
+
+def load_workdir(workdir, which="best", replica=None):
+  """TrainedModel of one replica of a `bindjax train` or `bindjax sweep` workdir.
+
+  replica: its index in replicas.json; may be omitted when the workdir holds one replica (a
+  `bindjax train` run). which: "best" (the parameters at the replica's best held-out object
+  accuracy; the latest ones when the run kept no best or has not evaluated yet) or "latest".
+  Reads the bucket's newest checkpoint. ValueError naming what is missing or wrong; reads only:
+  never creates files in the workdir.
+  """
+  from bindjax import checkpoint  # pylint: disable=g-import-not-at-top
+  from bindjax import parallel  # pylint: disable=g-import-not-at-top
+  from bindjax import results  # pylint: disable=g-import-not-at-top
+  from bindjax import sweep  # pylint: disable=g-import-not-at-top
+  if which not in CHECKPOINTS:
+    raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
+  workdir = os.path.abspath(os.fspath(workdir))
+  config, replicas, buckets = _read_run(workdir)
+  if replica is None:
+    if len(replicas) != 1:
+      raise ValueError(f"workdir {workdir} holds {len(replicas)} replicas: pass --replica=N, "
+                       f"N in 0..{len(replicas) - 1} ({results.REPLICAS_FILE} lists them)")
+    replica = 0
+  if not 0 <= replica < len(replicas):
+    raise ValueError(f"replica={replica}: expected 0..{len(replicas) - 1} (workdir {workdir} "
+                     f"holds {len(replicas)} replicas)")
+  chosen = replicas[replica]
+  bucket = buckets[chosen.bucket]
+  position = bucket.replicas.index(chosen)
+  directory = results.bucket_checkpoint_dir(workdir, bucket.index)
+  if not _has_steps(directory):
+    raise ValueError(f"workdir {workdir}: no checkpoint under {directory} (expected <step>/ "
+                     "folders); has the run saved one yet?")
+  keep_best = bool(config.checkpoint.keep_best)
   ckpt = checkpoint.Checkpoints(directory)
   try:
-    restored = ckpt.restore(abstract, which=which)
+    padded = int(ckpt.metadata().get("padded_replicas", len(bucket.replicas)))
+    hyper, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), padded)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+        jax.eval_shape(lambda h: sweep.init_bucket_state(h, bucket.spec, keep_best), hyper))
+    _, state, _ = ckpt.restore(abstract)
   except Exception as e:  # orbax raises many types for mismatched trees
-    raise ValueError(f"workdir {workdir}: the {which} checkpoint does not match the model of "
-                     f"{train.CONFIG_FILE}: {type(e).__name__}: {e}") from None
+    raise ValueError(f"workdir {workdir}: the checkpoint in {directory} does not match the models "
+                     f"of {results.CONFIG_FILE}: {type(e).__name__}: {e}") from None
   finally:
     ckpt.close()
-  step, state, _ = restored
-  return TrainedModel(params=state.params, model=spec.model, space=spec.space, split=split,
-                      step=int(step), source={"source": "bindjax_workdir", "workdir": workdir,
-                                              "checkpoint": which})
+  best_step = int(state["best"]["step"][position]) if keep_best else -1
+  if which == "best" and best_step >= 0:
+    params, step = state["best"]["params"], best_step
+  else:
+    which, params = "latest", state["train"].params
+    step = int(state["train"].step[position])
+  params = jax.tree.map(lambda x: x[position], params)
+  return TrainedModel(params=params, model=bucket.spec.model, space=bucket.spec.space,
+                      split=bucket.splits[position], step=step,
+                      source={"source": "bindjax_workdir", "workdir": workdir,
+                              "replica": replica, "checkpoint": which,
+                              "coordinates": chosen.coordinates()})
 
 
 def load_reference(path, values_per_concept=None, split_path=None):
@@ -189,7 +226,7 @@ def extract(trained, objects="all", single_objects=False, batch_size=4096):
   ids_U = object_ids_for(trained, objects)
   values_UxC = space.object_values(ids_U)
   num_u, num_c = len(ids_U), space.num_concepts
-  first_P, second_P = np.divmod(np.arange(num_u * num_u), num_u)
+  first_P, second_P = world.ordered_pairs(num_u)
   objects_NxKxC = np.full((num_u * num_u, space.max_objects, num_c), -1, np.int32)
   objects_NxKxC[:, 0] = values_UxC[first_P]
   objects_NxKxC[:, 1] = values_UxC[second_P]

@@ -59,14 +59,29 @@ def to_jsonable(value):
   return value
 
 
+def dumps(value, **kwargs):
+  """Strict JSON text of `value` (through `to_jsonable`: NaN and ±inf become null)."""
+  return json.dumps(to_jsonable(value), allow_nan=False, **kwargs)
+
+
 def write_json(path, value, *, indent=2, sort_keys=False):
-  """Writes `value` as one JSON document with a trailing newline, atomically."""
-  write_atomic(path, json.dumps(value, indent=indent, sort_keys=sort_keys) + "\n")
+  """Writes `value` as one strict JSON document with a trailing newline, atomically."""
+  write_atomic(path, dumps(value, indent=indent, sort_keys=sort_keys) + "\n")
 
 
 def write_jsonl(path, rows):
-  """Writes `rows` as JSON lines, atomically."""
-  write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+  """Writes `rows` as strict JSON lines, atomically."""
+  write_atomic(path, "".join(dumps(row) + "\n" for row in rows))
+
+
+def append_jsonl(f, rows):
+  """Appends `rows` to the open file `f` as strict JSON lines, in one write, flushed.
+
+  One write of whole lines: a writer killed mid-append leaves at most a torn last line, which
+  `read_jsonl` skips.
+  """
+  f.write("".join(dumps(row) + "\n" for row in rows))
+  f.flush()
 
 
 def read_jsonl(path):

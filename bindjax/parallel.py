@@ -263,6 +263,28 @@ def device_memory_bytes(device=None):
   return int(ram // max(1, jax.local_device_count()))
 
 
+AUTO = "auto"
+
+
+def chunk_setting(value, field="chunk_size"):
+  """A chunking setting as configs write it: "auto", "none" (or None: everything at once), or a
+  positive count (int or its string, as a command-line override gives it).
+
+  Returns AUTO, None or an int; ValueError naming `field` otherwise.
+  """
+  if value is None or value == "none":
+    return None
+  if value == AUTO:
+    return AUTO
+  try:
+    count = int(value)
+  except (TypeError, ValueError):
+    count = 0
+  if isinstance(value, bool) or count < 1 or str(count) != str(value).strip():
+    raise ValueError(f"{field}={value!r}: expected 'auto', 'none' or a positive integer")
+  return count
+
+
 def choose_chunk_size(bytes_per_replica, replicas_per_device, *, fixed_bytes=0,
                       memory_bytes=None, memory_fraction=DEFAULT_MEMORY_FRACTION, num_shards=1):
   """Replicas to run at once (over all shards) so one chunk's activations fit in device memory.

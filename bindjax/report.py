@@ -19,9 +19,8 @@ import numpy as np
 from scipy import optimize
 
 from bindjax import files
+from bindjax import results
 
-RESULTS_FILE = "results.jsonl"
-REPORT_DIR = "report"
 # Metric names of bindjax.train.eval_step; "{K}" is the maximum number of objects per scene.
 BINDING_METRIC = "heldout/object_accuracy_{K}obj"
 ONE_OBJECT_METRIC = "heldout/object_accuracy_1obj"
@@ -32,7 +31,6 @@ RHO_METRICS = {"accuracy": BINDING_METRIC, "binding": "heldout/binding"}
 # Every metric the report aggregates and draws (the ρ* metric first).
 REPORT_METRICS = (BINDING_METRIC, "heldout/binding", "train/object_accuracy_{K}obj",
                   "train/binding", ONE_OBJECT_METRIC, CONCEPT_METRIC)
-SELECTION_METRIC = "heldout/object_accuracy"
 THRESHOLD = 0.5
 # Replica settings that are not seeds: replicas differing only in seed are averaged; any other
 # difference besides coverage makes a separate curve.
@@ -42,38 +40,6 @@ SERIES_KEYS = ("C", "V", "K", "space_size", "model", "learning_rate", "weight_de
 def _metric(row, name):
   """A row's metric; "{K}" in the name becomes the row's maximum number of objects."""
   return row.get(name.replace("{K}", str(row.get("K"))))
-
-
-def select_evaluations(rows, step="best"):
-  """One evaluation row per replica: the final step, or the best held-out object accuracy.
-
-  A replica flagged as diverged keeps its rows up to divergence and is marked "diverged".
-  Ties in "best" go to the earlier step.
-  """
-  if step not in ("best", "final"):
-    raise ValueError(f"step={step!r}: expected 'best' or 'final'")
-  by_replica = collections.defaultdict(list)
-  diverged = set()
-  for row in rows:
-    if row.get("diverged"):
-      diverged.add(row["replica"])
-    if row.get("kind") == "eval":
-      by_replica[row["replica"]].append(row)
-  chosen = []
-  for replica, evals in sorted(by_replica.items()):
-    evals = sorted(evals, key=lambda r: r["step"])
-    if step == "final":
-      row = evals[-1]
-    else:
-      row = max(evals, key=lambda r: (_nan_low(r.get(SELECTION_METRIC)), -r["step"]))
-    row = dict(row)
-    row["diverged"] = replica in diverged
-    chosen.append(row)
-  return chosen
-
-
-def _nan_low(x):
-  return -math.inf if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
 def series_label(key):
@@ -125,7 +91,7 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
     extras = [f"{k}={values[k]}" for k in varying if k not in ("C", "V", "K", "space_size")]
     if extras:
       label += " " + ", ".join(extras)
-    out.append({"key": {k: _jsonable(v) for k, v in values.items()}, "label": label,
+    out.append({"key": files.to_jsonable(values), "label": label,
                 "space_size": values["space_size"], "points": points,
                 "per_seed": {str(s): v for s, v in sorted(per_seed.items())}})
   out.sort(key=lambda s: (s["space_size"], s["label"]))
@@ -134,10 +100,6 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
 
 def _hashable(v):
   return tuple(v) if isinstance(v, list) else v
-
-
-def _jsonable(v):
-  return list(v) if isinstance(v, tuple) else v
 
 
 def _varying_keys(keys):
@@ -306,11 +268,11 @@ def make_report(workdir, step="best", num_bootstrap=1000, out_dir=None, formats=
   rho_metric = RHO_METRICS[metric]
   from bindjax.plots import phase_transition  # matplotlib only when drawing
 
-  path = os.path.join(workdir, RESULTS_FILE)
+  path = os.path.join(workdir, results.RESULTS_FILE)
   rows = files.read_jsonl(path)
   if not rows:
     raise ValueError(f"workdir={workdir!r}: no result rows in {path}; run `bindjax sweep` first")
-  selected = select_evaluations(rows, step)
+  selected = results.select_evaluations(rows, step)
   if not selected:
     raise ValueError(f"{path}: no evaluation rows (kind='eval') yet")
   series = aggregate(selected, (rho_metric,) + tuple(
@@ -321,7 +283,7 @@ def make_report(workdir, step="best", num_bootstrap=1000, out_dir=None, formats=
   laws = None
   if len({r["space_size"] for r in fitted}) == len(fitted):
     laws = fit_scaling_laws([r["space_size"] for r in fitted], [r["rho_star"] for r in fitted])
-  out_dir = out_dir or os.path.join(workdir, REPORT_DIR)
+  out_dir = out_dir or os.path.join(workdir, results.REPORT_DIR)
   os.makedirs(out_dir, exist_ok=True)
   figures = phase_transition.plot(series, table, os.path.join(out_dir, "phase_transition"),
                                   step=step, formats=formats, rho_metric=rho_metric)

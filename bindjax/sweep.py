@@ -18,24 +18,20 @@ jit(vmap(train_step)) over a leading replica axis, sharded along the mesh's "rep
 padded to a multiple of the shard count. Coverage, seed, learning rate and weight decay are
 per-replica arrays (a permutation table plus a count), so they never recompile.
 
-Workdir layout:
-  config.json          the sweep config          replicas.json   the expanded grid
-  results.jsonl        one row per replica and logged step (grid coordinates + metrics)
-  summary.csv          one row per finished replica (final and best evaluation)
-  checkpoints/bucket_NNN/   orbax checkpoints of the stacked replica states (bindjax.checkpoint)
-  sweep_done.json      written last; a rerun into a finished workdir reports and returns
+A config without a grid (experiments/train.py) runs as a sweep of one replica
+(`single_run_config`); that is `bindjax train`. The workdir layout, result rows and best/final
+selection are `bindjax.results`'. With `checkpoint.keep_best`, each replica's parameters at its
+best held-out object accuracy ride in the bucket's state (and so in every checkpoint).
 
 A killed sweep resumes from each bucket's latest checkpoint; rows past it are dropped and
 recomputed bit for bit, so results equal an uninterrupted sweep. A replica whose loss or
 parameters become non-finite is frozen at its last finite state, flagged in a "diverged" row,
-and left out of later rows; the others continue.
+and left out of later rows; the others continue. A bucket whose replicas have all diverged
+stops there.
 """
-import csv
 import dataclasses
-import io
 import itertools
 import json
-import math
 import os
 import shutil
 import sys
@@ -50,22 +46,11 @@ import optax
 from bindjax import checkpoint
 from bindjax import files
 from bindjax import parallel
+from bindjax import results
 from bindjax import train
 from bindjax import world
 from bindjax import xla_options
 
-CONFIG_FILE = "config.json"
-REPLICAS_FILE = "replicas.json"
-RESULTS_FILE = "results.jsonl"
-SUMMARY_FILE = "summary.csv"
-DONE_FILE = "sweep_done.json"
-CHECKPOINT_DIR = "checkpoints"
-AUTO_CHUNK = -1
-# Training metrics copied into every row (besides the evaluation metrics at eval steps).
-TRAIN_METRICS = ("loss", "concept_loss", "object_loss", "batch_concept_accuracy",
-                 "batch_object_accuracy", "learning_rate", "grad_norm", "tau")
-# Row names of metrics whose train.py name is a grid coordinate.
-RENAMED = {"learning_rate": "scheduled_learning_rate"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +85,7 @@ class Bucket:
   spec: train.RunSpec
   replicas: list
   hypers: list
+  splits: list     # world.CoverageSplit per replica
 
   def stacked_hyper(self):
     """Hyper with a leading replica axis (numpy)."""
@@ -175,7 +161,7 @@ def expand_grid(config):
     spec = train.RunSpec.from_config(replica_config)
     hyper, split = train.hyper_from_config(replica_config, spec)
     if spec not in by_spec:
-      by_spec[spec] = Bucket(len(buckets), spec, [], [])
+      by_spec[spec] = Bucket(len(buckets), spec, [], [], [])
       buckets.append(by_spec[spec])
     bucket = by_spec[spec]
     replica = Replica(index=len(replicas), bucket=bucket.index, num_concepts=c,
@@ -185,7 +171,27 @@ def expand_grid(config):
     replicas.append(replica)
     bucket.replicas.append(replica)
     bucket.hypers.append(hyper)
+    bucket.splits.append(split)
   return replicas, buckets
+
+
+def single_run_config(config):
+  """A single-run config (experiments/train.py: no grid) as the config of a one-replica sweep.
+
+  The grid holds the run's own space, coverage and seed; learning rate, weight decay and model
+  come from the config as they do for any sweep without those axes.
+  """
+  if "grid" in config:
+    raise ValueError("config.grid is set: a config with a grid is a sweep; run it with "
+                     "`bindjax sweep`")
+  train.RunSpec.from_config(config)   # errors name the single run's own fields
+  c = ml_collections.ConfigDict(config.to_dict())
+  values = c.space.num_values
+  values = tuple(values) if isinstance(values, (list, tuple)) else values
+  c.grid = ml_collections.ConfigDict(dict(
+      spaces=((c.space.num_concepts, values, c.space.max_objects),), coverages=(c.coverage,),
+      seeds=(c.seed,), learning_rates=(), weight_decays=(), models=()))
+  return c
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,14 +207,14 @@ def _replica_step(spec, scene_sharding=None):
     ok = alive & finite
     new_state = jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new_state, state)
     diverged_step = jnp.where(alive & ~finite, state.step + 1, diverged_step)
-    metrics = {name: metrics[name] for name in TRAIN_METRICS}
+    metrics = {name: metrics[name] for name in results.TRAIN_METRICS}
     metrics["diverged_step"] = diverged_step
     return new_state, ok, diverged_step, metrics
 
   return step
 
 
-def _bucket_functions(spec, mesh, chunk_size):
+def _bucket_functions(spec, mesh, chunk_size, keep_best):
   """(init, step, eval) of a whole bucket: vmapped (chunked) over replicas, jitted on the mesh."""
   shards = parallel.num_replica_shards(mesh)
   sharding = parallel.replica_sharding(mesh)
@@ -218,25 +224,55 @@ def _bucket_functions(spec, mesh, chunk_size):
                                 num_shards=shards, spmd_axis_name=parallel.REPLICA_AXIS)
 
   def bucket_init(hyper):
-    state = jax.vmap(lambda h: train.init(h.key, spec, h))(hyper)
-    size = hyper.num_train.shape[0]
-    return {"train": state, "alive": jnp.ones((size,), bool),
-            "diverged_step": jnp.full((size,), -1, jnp.int32)}
+    return init_bucket_state(hyper, spec, keep_best)
 
   def bucket_step(sweep_state, hyper):
     state, alive, diverged_step, metrics = vstep(
         sweep_state["train"], hyper, sweep_state["alive"], sweep_state["diverged_step"])
-    return {"train": state, "alive": alive, "diverged_step": diverged_step}, metrics
+    return dict(sweep_state, train=state, alive=alive, diverged_step=diverged_step), metrics
 
-  def bucket_eval(params, hyper, step):
+  def bucket_eval(sweep_state, hyper, step):
     def one(p, h):
       return train.eval_step(p, train.eval_key(h.key, step), h, spec, scene_sharding)
-    return parallel.chunked_vmap(one, chunk_size, num_shards=shards,
-                                 spmd_axis_name=parallel.REPLICA_AXIS)(params, hyper)
+    metrics = parallel.chunked_vmap(one, chunk_size, num_shards=shards,
+                                    spmd_axis_name=parallel.REPLICA_AXIS)(
+                                        sweep_state["train"].params, hyper)
+    if keep_best:
+      sweep_state = dict(sweep_state, best=_update_best(
+          sweep_state, metrics[results.SELECTION_METRIC], step))
+    return sweep_state, metrics
 
   return (jax.jit(bucket_init, out_shardings=sharding),
           jax.jit(bucket_step, out_shardings=sharding, donate_argnums=0),
-          jax.jit(bucket_eval, out_shardings=sharding))
+          jax.jit(bucket_eval, out_shardings=sharding, donate_argnums=0))
+
+
+def init_bucket_state(hyper, spec, keep_best):
+  """A bucket's state for stacked `hyper`: the replicas' TrainStates, which are still alive, when
+  each diverged (-1: not), and with keep_best each one's best parameters, value and step."""
+  state = jax.vmap(lambda h: train.init(h.key, spec, h))(hyper)
+  size = hyper.num_train.shape[0]
+  sweep_state = {"train": state, "alive": jnp.ones((size,), bool),
+                 "diverged_step": jnp.full((size,), -1, jnp.int32)}
+  if keep_best:
+    sweep_state["best"] = {"params": state.params,
+                           "value": jnp.full((size,), -jnp.inf, jnp.float32),
+                           "step": jnp.full((size,), -1, jnp.int32)}
+  return sweep_state
+
+
+def _update_best(sweep_state, value_R, step):
+  """The best-parameters record after an evaluation: replicas alive whose value improved take
+  their current parameters (NaN never improves; ties keep the earlier step)."""
+  best = sweep_state["best"]
+  improved_R = sweep_state["alive"] & (value_R > best["value"])
+
+  def pick(new, old):
+    return jnp.where(improved_R.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+
+  return {"params": jax.tree_util.tree_map(pick, sweep_state["train"].params, best["params"]),
+          "value": jnp.where(improved_R, value_R, best["value"]),
+          "step": jnp.where(improved_R, step, best["step"])}
 
 
 def estimate_step_bytes(spec):
@@ -261,36 +297,32 @@ def estimate_step_bytes(spec):
 _PROGRAM_CACHE = {}
 
 
-def compile_bucket(spec, mesh, hyper, chunk_setting=AUTO_CHUNK,
+def compile_bucket(spec, mesh, hyper, chunk_setting=parallel.AUTO,
                    memory_fraction=parallel.DEFAULT_MEMORY_FRACTION, log=print,
-                   fast_compile=False):
+                   fast_compile=False, keep_best=False):
   """Compiled (init, step, eval, chunk_size) for a bucket's sharded stacked `hyper`.
 
-  chunk_setting: 0 = all replicas at once, n > 0 = n replicas at a time (over all devices),
-  AUTO_CHUNK = from the compiled program's memory analysis (or `estimate_step_bytes`) against
-  the device memory and, on CPU, each core's share of the last-level cache. Compiled programs
-  are cached per (spec, mesh, replicas, chunk).
+  chunk_setting (`parallel.chunk_setting`): None = all replicas at once, n = n replicas at a
+  time (over all devices), "auto" = from the compiled program's memory analysis (or
+  `estimate_step_bytes`) against the device memory and, on CPU, each core's share of the
+  last-level cache. Compiled programs are cached per (spec, mesh, replicas, chunk).
   fast_compile: compile with xla_options.FAST_COMPILE_OPTIONS. Every program gets
   `xla_options.compiler_options` for the mesh's platform.
+  keep_best: the state carries each replica's best parameters (`init_bucket_state`); eval
+  returns the updated state beside the metrics either way.
   """
   options = xla_options.compiler_options(_platform(mesh), fast_compile)
-  if chunk_setting is None or chunk_setting == 0:
-    chunk = None
-  elif chunk_setting > 0:
-    chunk = int(chunk_setting)
-  elif chunk_setting == AUTO_CHUNK:
-    chunk = _auto_chunk(spec, mesh, hyper, memory_fraction, log, options)
-  else:
-    raise ValueError(f"config.sweep.chunk_size={chunk_setting!r}: expected -1 (auto), 0 (off) "
-                     "or a positive number of replicas")
-  return _compiled(spec, mesh, hyper, chunk, options) + (chunk,)
+  chunk = parallel.chunk_setting(chunk_setting, "config.sweep.chunk_size")
+  if chunk == parallel.AUTO:
+    chunk = _auto_chunk(spec, mesh, hyper, memory_fraction, log, options, keep_best)
+  return _compiled(spec, mesh, hyper, chunk, options, keep_best) + (chunk,)
 
 
-def _compiled(spec, mesh, hyper, chunk, options=None):
+def _compiled(spec, mesh, hyper, chunk, options, keep_best):
   size = hyper.num_train.shape[0]
-  key = (spec, mesh, size, chunk, tuple(sorted((options or {}).items())))
+  key = (spec, mesh, size, chunk, tuple(sorted((options or {}).items())), keep_best)
   if key not in _PROGRAM_CACHE:
-    init_fn, step_fn, eval_fn = _bucket_functions(spec, mesh, chunk)
+    init_fn, step_fn, eval_fn = _bucket_functions(spec, mesh, chunk, keep_best)
     abstract_state = jax.eval_shape(init_fn, hyper)
     sharding = parallel.replica_sharding(mesh)
     abstract_state = jax.tree_util.tree_map(
@@ -300,7 +332,7 @@ def _compiled(spec, mesh, hyper, chunk, options=None):
     _PROGRAM_CACHE[key] = (
         init_fn.lower(hyper).compile(options),
         step_fn.lower(abstract_state, hyper).compile(options),
-        eval_fn.lower(abstract_state["train"].params, hyper, step_scalar).compile(options))
+        eval_fn.lower(abstract_state, hyper, step_scalar).compile(options))
   return _PROGRAM_CACHE[key]
 
 
@@ -308,12 +340,12 @@ def _platform(mesh):
   return mesh.devices.flat[0].platform
 
 
-def _auto_chunk(spec, mesh, hyper, memory_fraction, log, options):
+def _auto_chunk(spec, mesh, hyper, memory_fraction, log, options, keep_best):
   size = hyper.num_train.shape[0]
   shards = parallel.num_replica_shards(mesh)
   per_device = size // shards
   # The unchunked program is compiled anyway when it fits, so measuring it costs nothing then.
-  _, step, _ = _compiled(spec, mesh, hyper, None, options)
+  _, step, _ = _compiled(spec, mesh, hyper, None, options, keep_best)
   memory = parallel.compiled_memory_bytes(step)
   temp, fixed = memory if memory else (0, 0)
   per_replica = temp / per_device if temp else estimate_step_bytes(spec)
@@ -345,17 +377,11 @@ def _global_scalar(value, mesh):
 # Results
 
 
-def _clean(value):
-  value = float(value)
-  return value if math.isfinite(value) else None
-
-
 class _Results:
   """Rows of one sweep: appended whole-line (process 0 only) to results.jsonl."""
 
-  def __init__(self, workdir, replicas):
-    self.path = os.path.join(workdir, RESULTS_FILE)
-    self.replicas = replicas
+  def __init__(self, workdir):
+    self.path = os.path.join(workdir, results.RESULTS_FILE)
     self.writer = parallel.is_writer()
     self.file = None
     self.diverged = {}   # replica index -> divergence step already reported
@@ -376,27 +402,22 @@ class _Results:
 
   def add(self, bucket, step, train_metrics, eval_metrics):
     """Rows of the valid replicas of `bucket` at `step` from host metric arrays [R]."""
-    lines = []
+    rows = []
     for i, replica in enumerate(bucket.replicas):
       if replica.index in self.diverged:
         continue
-      row = {"kind": "eval" if eval_metrics is not None else "train", **replica.coordinates(),
-             "step": int(step)}
       diverged_step = int(train_metrics["diverged_step"][i])
-      for name in TRAIN_METRICS:
-        row[RENAMED.get(name, name)] = _clean(train_metrics[name][i])
-      if eval_metrics is not None:
-        for name in sorted(eval_metrics):
-          row[name] = _clean(eval_metrics[name][i])
+      rows.append(results.make_row(
+          replica.coordinates(), step, {k: v[i] for k, v in train_metrics.items()},
+          None if eval_metrics is None else {k: v[i] for k, v in eval_metrics.items()},
+          diverged_step))
       if diverged_step >= 0:
-        row["kind"] = "diverged"
-        row["diverged"] = True
-        row["diverged_step"] = diverged_step
         self.diverged[replica.index] = diverged_step
-      lines.append(json.dumps(row) + "\n")
-    if self.writer and lines:
-      self.file.write("".join(lines))
-      self.file.flush()
+    if self.writer and rows:
+      files.append_jsonl(self.file, rows)
+
+  def all_diverged(self, bucket):
+    return all(replica.index in self.diverged for replica in bucket.replicas)
 
   def sync(self):
     if self.file is not None:
@@ -409,131 +430,76 @@ class _Results:
       self.file = None
 
 
-SUMMARY_METRICS = ("heldout/object_accuracy", "heldout/object_accuracy_1obj",
-                   "heldout/concept_accuracy", "train/object_accuracy",
-                   "train/concept_accuracy", "loss", "tau")
-
-
-def summary_rows(rows, replicas):
-  """One dict per replica that has evaluations: final and best held-out object accuracy."""
-  by_replica = {}
-  for row in rows:
-    by_replica.setdefault(row["replica"], []).append(row)
-  out = []
-  for replica in replicas:
-    mine = by_replica.get(replica.index, [])
-    evals = [r for r in mine if r["kind"] == "eval"]
-    if not evals:
-      continue
-    final = evals[-1]
-    best = max(evals, key=lambda r: (-1.0 if r.get("heldout/object_accuracy") is None
-                                     else r["heldout/object_accuracy"], -r["step"]))
-    k = replica.max_objects
-    summary = replica.coordinates()
-    summary["V"] = json.dumps(summary["V"]) if isinstance(summary["V"], list) else summary["V"]
-    summary["final_step"] = final["step"]
-    for name in SUMMARY_METRICS + (f"heldout/object_accuracy_{k}obj",):
-      summary[f"final {name}"] = final.get(name)
-    summary["best_step"] = best["step"]
-    summary["best heldout/object_accuracy"] = best.get("heldout/object_accuracy")
-    summary["best heldout/object_accuracy_maxobj"] = best.get(f"heldout/object_accuracy_{k}obj")
-    diverged = [r for r in mine if r["kind"] == "diverged"]
-    summary["diverged_step"] = diverged[0]["diverged_step"] if diverged else ""
-    out.append(summary)
-  return out
-
-
-def write_summary(workdir, rows, replicas):
-  """summary.csv with one line per finished replica (atomic rewrite)."""
-  table = summary_rows(rows, replicas)
-  if not table:
-    return
-  fields = []
-  for row in table:
-    fields.extend(k for k in row if k not in fields)
-  buffer = io.StringIO()
-  writer = csv.DictWriter(buffer, fieldnames=fields)
-  writer.writeheader()
-  for row in table:
-    writer.writerow({k: "" if v is None else v for k, v in row.items()})
-  files.write_atomic(os.path.join(workdir, SUMMARY_FILE), buffer.getvalue())
-
-
 # --------------------------------------------------------------------------------------------
 # The sweep loop
 
 
-def _config_json(config):
-  return json.loads(config.to_json_best_effort(sort_keys=True))
-
-
-def sweep_setting(config, name, default):
-  """config.sweep.<name>, or `default` for configs without it."""
-  sweep = config.get("sweep") or {}
-  return sweep.get(name, default) if hasattr(sweep, "get") else default
-
-
 def _remove_outputs(workdir):
-  for name in (CONFIG_FILE, REPLICAS_FILE, RESULTS_FILE, SUMMARY_FILE, DONE_FILE):
+  for name in results.OUTPUTS:
     path = os.path.join(workdir, name)
-    if os.path.exists(path):
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+    elif os.path.exists(path):
       os.remove(path)
-  for name in (CHECKPOINT_DIR, "report"):
-    shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
+
+
+def _mesh_devices(buckets, num_data, devices):
+  """The devices to use: all of them, or in one process only as many as the largest bucket
+  fills, so a small sweep (a single run) is not padded with copies onto idle devices."""
+  devices = list(jax.devices() if devices is None else devices)
+  if jax.process_count() > 1:
+    return devices
+  largest = max(len(b.replicas) for b in buckets)
+  return devices[:max(num_data, min(len(devices), largest * num_data) // num_data * num_data)]
 
 
 def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, devices=None):
   """Runs (or resumes) the sweep of `config` in `workdir`; returns the done-file summary.
 
   A finished workdir is reported and left alone unless overwrite=True (which deletes the
-  previous sweep's outputs first). A workdir holding a different sweep is a ValueError.
-  devices: the devices of the mesh (default all, over every process).
+  previous run's outputs first). A workdir holding a different config is a ValueError listing
+  the differing fields. devices: the devices of the mesh (default all, over every process).
   """
   from tqdm import tqdm
 
   replicas, buckets = expand_grid(config)
   workdir = os.path.abspath(os.fspath(workdir))
-  config_json = _config_json(config)
-  done_path = os.path.join(workdir, DONE_FILE)
+  config_json = results.config_json(config)
+  done_path = os.path.join(workdir, results.DONE_FILE)
   if overwrite and parallel.is_writer():
     _remove_outputs(workdir)
   parallel.sync("bindjax_sweep_overwrite")
+  if (not overwrite and os.path.isdir(workdir) and os.listdir(workdir)
+      and not os.path.exists(os.path.join(workdir, results.CONFIG_FILE))):
+    raise ValueError(f"workdir={workdir!r} is not empty and holds no bindjax run; expected a new "
+                     "or empty directory or a run to resume, or pass --overwrite")
+  results.check_saved_config(workdir, config_json)
+  # Every process has checked the workdir before process 0 writes into it.
+  parallel.sync("bindjax_sweep_checked")
   if os.path.exists(done_path):
     with open(done_path) as f:
       done = json.load(f)
-    log(f"sweep in {workdir} already finished ({done['num_replicas']} replicas, "
+    log(f"the run in {workdir} is finished ({done['num_replicas']} replicas, "
         f"{done['num_buckets']} buckets); nothing to do (pass --overwrite to run it again)")
     return done
-  config_path = os.path.join(workdir, CONFIG_FILE)
-  if os.path.exists(config_path):
-    with open(config_path) as f:
-      if json.load(f) != config_json:
-        raise ValueError(f"workdir={workdir!r} holds a sweep with a different config; use a new "
-                         "--workdir or pass --overwrite")
+  coordinates = [r.coordinates() for r in replicas]
   if parallel.is_writer():
     os.makedirs(workdir, exist_ok=True)
-    files.write_json(config_path, config_json, sort_keys=True)
-    files.write_json(os.path.join(workdir, REPLICAS_FILE), [r.coordinates() for r in replicas])
+    files.write_json(os.path.join(workdir, results.CONFIG_FILE), config_json, sort_keys=True)
+    files.write_json(os.path.join(workdir, results.REPLICAS_FILE), coordinates)
 
-  mesh = parallel.make_mesh(int(sweep_setting(config, "num_data", 1)), devices=devices)
-  chunk_setting = int(sweep_setting(config, "chunk_size", AUTO_CHUNK))
-  memory_fraction = float(sweep_setting(config, "memory_fraction",
-                                         parallel.DEFAULT_MEMORY_FRACTION))
-  fast_compile = bool(sweep_setting(config, "fast_compile", False))
+  settings = config.sweep
+  num_data = int(settings.num_data)
+  mesh = parallel.make_mesh(num_data, devices=_mesh_devices(buckets, num_data, devices))
   keep = int(config.checkpoint.keep)
-  checkpoint_every = int(config.checkpoint.every)
-  log_every = int(config.log_every)
-
-  def bucket_dir(bucket):
-    return os.path.join(workdir, CHECKPOINT_DIR, f"bucket_{bucket.index:03d}")
-
-  managers = {b.index: checkpoint.Checkpoints(bucket_dir(b), keep=keep) for b in buckets}
+  keep_best = bool(config.checkpoint.keep_best)
+  managers = {b.index: checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, b.index),
+                                              keep=keep) for b in buckets}
   starts = {b.index: managers[b.index].latest_step() or 0 for b in buckets}
-  results = _Results(workdir, replicas)
-  results.truncate({b: (s if s else None) for b, s in starts.items()})
+  rows = _Results(workdir)
+  rows.truncate({b: (s if s else None) for b, s in starts.items()})
   parallel.sync("bindjax_sweep_truncated")
-  num_steps = {b.index: b.spec.num_steps for b in buckets}
-  total = sum(len(b.replicas) * num_steps[b.index] for b in buckets)
+  total = sum(len(b.replicas) * b.spec.num_steps for b in buckets)
   initial = sum(len(b.replicas) * starts[b.index] for b in buckets)
   log(f"sweep: {len(replicas)} replicas in {len(buckets)} buckets on {mesh.devices.size} devices "
       f"({jax.process_count()} processes); mesh {dict(mesh.shape)}"
@@ -541,95 +507,127 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
   bar = tqdm(total=total, initial=initial, unit="replica-step", unit_scale=True,
              dynamic_ncols=True, disable=not (progress and parallel.is_writer()),
              file=sys.stderr, mininterval=1.0)
-  compile_seconds = 0.0
-  results.open()
+  loop = _Loop(mesh=mesh, results=rows, bar=bar, log=log, keep_best=keep_best,
+               chunk_setting=settings.chunk_size,
+               memory_fraction=float(settings.memory_fraction),
+               fast_compile=bool(settings.fast_compile),
+               checkpoint_every=int(config.checkpoint.every), log_every=int(config.log_every))
+  rows.open()
   try:
     for bucket in buckets:
       manager = managers[bucket.index]
-      start = starts[bucket.index]
-      if start >= bucket.spec.num_steps:
-        manager.close()
-        continue
-      compile_seconds += _run_bucket(bucket, mesh, manager, start, results, bar, log,
-                                     chunk_setting, memory_fraction, checkpoint_every,
-                                     log_every, compile_seconds, fast_compile)
+      if starts[bucket.index] < bucket.spec.num_steps:
+        loop.run_bucket(bucket, manager, starts[bucket.index])
       manager.close()
       if parallel.is_writer():
-        write_summary(workdir, files.read_jsonl(results.path), replicas)
+        results.write_summary(workdir, files.read_jsonl(rows.path), coordinates)
   finally:
     bar.close()
-    results.close()
+    rows.close()
     for manager in managers.values():
       manager.close()
-  rows = files.read_jsonl(results.path) if parallel.is_writer() else []
   done = {"num_replicas": len(replicas), "num_buckets": len(buckets),
-          "num_diverged": len(results.diverged), "compile_seconds": round(compile_seconds, 2),
-          "replica_steps": total, "results": os.path.join(workdir, RESULTS_FILE)}
+          "num_diverged": len(rows.diverged), "compile_seconds": round(loop.compile_seconds, 2),
+          "replica_steps": total, "results": rows.path}
   if parallel.is_writer():
-    write_summary(workdir, rows, replicas)
+    results.write_summary(workdir, files.read_jsonl(rows.path), coordinates)
     files.write_json(done_path, done)
   parallel.sync("bindjax_sweep_done")
-  log(f"sweep finished: {len(replicas)} replicas, {len(results.diverged)} diverged; compile "
-      f"{compile_seconds:.1f} s; results in {results.path}")
+  log(f"sweep finished: {len(replicas)} replicas, {len(rows.diverged)} diverged; compile "
+      f"{loop.compile_seconds:.1f} s; results in {rows.path}")
   return done
 
 
-def _run_bucket(bucket, mesh, manager, start, results, bar, log, chunk_setting,
-                memory_fraction, checkpoint_every, log_every, compile_before, fast_compile):
-  """Trains one bucket from `start` to its last step; returns the compile seconds."""
-  spec = bucket.spec
-  shards = parallel.num_replica_shards(mesh)
-  hyper_np, valid = parallel.pad_to_multiple(bucket.stacked_hyper(), shards)
-  hyper = parallel.shard_replicas(hyper_np, mesh)
-  t0 = time.perf_counter()
-  init_fn, step_fn, eval_fn, chunk = compile_bucket(spec, mesh, hyper, chunk_setting,
-                                                    memory_fraction, log, fast_compile)
-  compile_seconds = time.perf_counter() - t0
-  log(f"bucket {bucket.index}: {len(bucket.replicas)} replicas (padded to {len(valid)}), "
-      f"|O| = {spec.space.num_objects}, d_model {spec.model.d_model}; compiled in "
-      f"{compile_seconds:.1f} s" + (f"; chunk {chunk}" if chunk else ""))
-  postfix = {"compile": f"{compile_before + compile_seconds:.0f}s"}
-  bar.set_postfix(postfix, refresh=False)
-  state = init_fn(hyper)
-  if start:
-    restored = manager.restore(checkpoint.abstract_target(state))
-    start, state, _ = restored
-    log(f"bucket {bucket.index}: resumed from the checkpoint at step {start}")
-  manager.prune_after(start if start else None)
+def run_single(config, workdir, *, overwrite=False, progress=True, log=print):
+  """`bindjax train`: runs a config without a grid as a one-replica sweep in `workdir`.
 
-  pending = []
+  Returns the replica's final evaluation row; when the replica diverged, with "diverged" True
+  and "diverged_step" (the step whose update was non-finite) added.
+  """
+  run_sweep(single_run_config(config), workdir, overwrite=overwrite, progress=progress, log=log)
+  rows = results.read_rows(workdir)
+  final = results.select_evaluations(rows, "final")
+  out = dict(final[0]) if final else {"step": 0}
+  diverged = [r for r in rows if r.get("kind") == "diverged"]
+  if diverged:
+    out.update(diverged=True, diverged_step=diverged[0]["diverged_step"])
+  return out
 
-  def flush():
-    for step, train_metrics, eval_metrics in pending:
-      train_host = parallel.to_host(train_metrics)
-      eval_host = parallel.to_host(eval_metrics) if eval_metrics is not None else None
-      results.add(bucket, step, train_host, eval_host)
-      if eval_host is not None:
-        alive = train_host["diverged_step"][:len(bucket.replicas)] < 0
-        acc = eval_host["heldout/object_accuracy"][:len(bucket.replicas)][alive]
-        if acc.size:
-          postfix["heldout_obj"] = f"{acc.mean():.3f}"
-          bar.set_postfix(postfix, refresh=False)
-    pending.clear()
 
-  num_steps = spec.num_steps
-  for step in range(start, num_steps):
-    done = step + 1
-    state, train_metrics = step_fn(state, hyper)
-    is_eval = done % spec.eval_every == 0 or done == num_steps
-    is_checkpoint = done % checkpoint_every == 0 or done == num_steps
-    eval_metrics = None
-    if is_eval:
-      eval_metrics = eval_fn(state["train"].params, hyper, _global_scalar(done, mesh))
-    # Metrics of the previous logged step: its values are ready by now, this step is queued.
-    flush()
-    if is_eval or is_checkpoint or done % log_every == 0:
-      pending.append((done, train_metrics, eval_metrics))
-    if is_checkpoint:
+@dataclasses.dataclass
+class _Loop:
+  """The settings and running state the buckets of one sweep share."""
+  mesh: object
+  results: _Results
+  bar: object
+  log: object
+  keep_best: bool
+  chunk_setting: int
+  memory_fraction: float
+  fast_compile: bool
+  checkpoint_every: int
+  log_every: int
+  compile_seconds: float = 0.0
+
+  def run_bucket(self, bucket, manager, start):
+    """Trains one bucket from `start` to its last step (or until all its replicas diverged)."""
+    spec, mesh = bucket.spec, self.mesh
+    shards = parallel.num_replica_shards(mesh)
+    hyper_np, valid = parallel.pad_to_multiple(bucket.stacked_hyper(), shards)
+    hyper = parallel.shard_replicas(hyper_np, mesh)
+    t0 = time.perf_counter()
+    init_fn, step_fn, eval_fn, chunk = compile_bucket(
+        spec, mesh, hyper, self.chunk_setting, self.memory_fraction, self.log,
+        self.fast_compile, self.keep_best)
+    seconds = time.perf_counter() - t0
+    self.compile_seconds += seconds
+    self.log(f"bucket {bucket.index}: {len(bucket.replicas)} replicas (padded to {len(valid)}), "
+             f"|O| = {spec.space.num_objects}, d_model {spec.model.d_model}; compiled in "
+             f"{seconds:.1f} s" + (f"; chunk {chunk}" if chunk else ""))
+    postfix = {"compile": f"{self.compile_seconds:.0f}s"}
+    self.bar.set_postfix(postfix, refresh=False)
+    state = init_fn(hyper)
+    if start:
+      start, state, _ = manager.restore(checkpoint.abstract_target(state))
+      self.log(f"bucket {bucket.index}: resumed from the checkpoint at step {start}")
+    manager.prune_after(start if start else None)
+    metadata = {"bucket": bucket.index, "padded_replicas": len(valid)}
+    pending = []
+
+    def flush():
+      for step, train_metrics, eval_metrics in pending:
+        train_host = parallel.to_host(train_metrics)
+        eval_host = parallel.to_host(eval_metrics) if eval_metrics is not None else None
+        self.results.add(bucket, step, train_host, eval_host)
+        if eval_host is not None:
+          alive = train_host["diverged_step"][:len(bucket.replicas)] < 0
+          acc = eval_host[results.SELECTION_METRIC][:len(bucket.replicas)][alive]
+          if acc.size:
+            postfix["heldout_obj"] = f"{acc.mean():.3f}"
+            self.bar.set_postfix(postfix, refresh=False)
+      pending.clear()
+
+    num_steps = spec.num_steps
+    for step in range(start, num_steps):
+      done = step + 1
+      state, train_metrics = step_fn(state, hyper)
+      is_eval = done % spec.eval_every == 0 or done == num_steps
+      is_checkpoint = done % self.checkpoint_every == 0 or done == num_steps
+      eval_metrics = None
+      if is_eval:
+        state, eval_metrics = eval_fn(state, hyper, _global_scalar(done, mesh))
+      # Metrics of the previous logged step: its values are ready by now, this step is queued.
       flush()
-      results.sync()
-      manager.save(done, state, {"step": done, "bucket": bucket.index})
-    bar.update(len(bucket.replicas))
-  flush()
-  manager.wait()
-  return compile_seconds
+      stop = self.results.all_diverged(bucket)
+      if is_eval or is_checkpoint or stop or done % self.log_every == 0:
+        pending.append((done, train_metrics, eval_metrics))
+      if is_checkpoint or stop:
+        flush()
+        self.results.sync()
+        manager.save(done, state, dict(metadata, step=done))
+      self.bar.update(len(bucket.replicas) * (num_steps - step if stop else 1))
+      if stop:
+        self.log(f"bucket {bucket.index}: every replica diverged; stopped at step {done}")
+        break
+    flush()
+    manager.wait()

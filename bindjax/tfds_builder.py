@@ -157,7 +157,7 @@ def write_chunks(chunks, out_dir, *, values_per_concept, dim, max_objects, conce
             "provenance": files.to_jsonable(provenance or {}),
             "probes": sorted(probes)}
     with open(os.path.join(version_dir, METADATA_FILE), "w") as f:
-      json.dump(meta, f, indent=1)
+      f.write(files.dumps(meta, indent=1))
     embeddings_lib.move_into_place(tmp, out_dir)
   finally:
     if os.path.exists(tmp):

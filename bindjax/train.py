@@ -1,4 +1,4 @@
-"""Training one dual encoder from scratch (docs/training.md): pure per-replica functions and a loop.
+"""Training one dual encoder from scratch (docs/training.md): pure per-replica functions.
 
 The functions are written for ONE replica and are pure, so the sweep vmaps them over a leading
 replica axis:
@@ -12,15 +12,11 @@ replica axis:
 Randomness: a replica's root key (from its seed) splits into three streams by fold_in: 0 model
 init, 1 training data (fold_in(·, step) per step), 2 evaluation (fold_in(·, step) per evaluation).
 
-`run_training(config, workdir)` is the single-run loop: progress bar, metrics JSONL, orbax
-checkpoints (periodic, keep-last-n, best held-out object accuracy) and exact resume.
+There is one training loop, `bindjax.sweep.run_sweep`; `bindjax train` runs a config without a
+grid as a sweep of one replica (`sweep.single_run_config`).
 """
 import dataclasses
-import json
 import math
-import os
-import sys
-import time
 
 import flax.struct
 import jax
@@ -29,19 +25,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from bindjax import files
 from bindjax import models
 from bindjax import objectives
 from bindjax import scenes
 from bindjax import world
-from bindjax import xla_options
 
 INIT_STREAM, DATA_STREAM, EVAL_STREAM = 0, 1, 2
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.json"
-SPLIT_FILE = "split.npz"
-CHECKPOINT_DIR = "checkpoints"
-BEST_METRIC = "heldout/object_accuracy"
 
 
 def default_config():
@@ -64,8 +53,13 @@ def default_config():
   c.num_steps = 50_000
   c.eval = ml_collections.ConfigDict(dict(every=1000, batches=10, batch_size=512))
   c.log_every = 100
-  c.checkpoint = ml_collections.ConfigDict(dict(every=1000, keep=3, keep_best=1))
-  c.fast_compile = False   # xla_options.FAST_COMPILE_OPTIONS for the single-run loop (tiny models)
+  # keep_best: also keep each replica's parameters at its best held-out object accuracy.
+  c.checkpoint = ml_collections.ConfigDict(dict(every=1000, keep=3, keep_best=True))
+  # How the loop runs (bindjax.sweep): chunk_size "auto", "none" (all replicas at once) or n at
+  # a time; num_data devices per replica; fast_compile cheaper XLA compiles of slower code (tiny
+  # models); cpu_devices -1 one single-threaded device per CPU core, 0 JAX's default CPU device.
+  c.sweep = ml_collections.ConfigDict(dict(chunk_size="auto", num_data=1, memory_fraction=0.7,
+                                           fast_compile=False, cpu_devices=0))
   return c
 
 
@@ -114,13 +108,14 @@ class RunSpec:
   sampler: scenes.SamplerConfig        # training batches
   eval_sampler: scenes.SamplerConfig   # evaluation batches (eval_batch_size scenes)
   model: models.ModelConfig
+  # No defaults here: default_config() holds them, once.
   num_steps: int
-  warmup_fraction: float = 0.1
-  eval_every: int = 1000
-  eval_batches: int = 10
-  adam_b1: float = 0.9
-  adam_b2: float = 0.999
-  adam_eps: float = 1e-8
+  warmup_fraction: float
+  eval_every: int
+  eval_batches: int
+  adam_b1: float
+  adam_b2: float
+  adam_eps: float
 
   @property
   def warmup_steps(self):
@@ -171,8 +166,11 @@ class RunSpec:
                 weight_decay=_field(config, "optimizer.weight_decay"))
     _int(config, "seed", 0)
     _int(config, "split_seed", -1)
-    for path in ("log_every", "checkpoint.every", "checkpoint.keep", "checkpoint.keep_best"):
+    for path in ("log_every", "checkpoint.every", "checkpoint.keep"):
       _int(config, path, 1)
+    if not isinstance(_field(config, "checkpoint.keep_best"), bool):
+      raise ValueError(f"config.checkpoint.keep_best={_field(config, 'checkpoint.keep_best')!r}: "
+                       "expected True or False")
     return spec
 
 
@@ -444,130 +442,3 @@ def jit_train_step(spec):
 def jit_eval_step(spec):
   """eval_step(params, key, hyper) compiled for `spec`."""
   return jax.jit(lambda params, key, hyper: eval_step(params, key, hyper, spec))
-
-
-# --------------------------------------------------------------------------------------------
-# Single-run loop
-
-
-def _to_python(metrics):
-  return {k: float(v) for k, v in jax.device_get(metrics).items()}
-
-
-def _append_row(f, row):
-  # One write of one whole line, flushed: a kill leaves at most a torn last line.
-  f.write(json.dumps(row) + "\n")
-  f.flush()
-
-
-def _config_dict(config):
-  return json.loads(config.to_json_best_effort(sort_keys=True))
-
-
-def _check_saved_config(workdir, config_json):
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    return
-  with open(path) as f:
-    saved = json.load(f)
-  if saved != config_json:
-    def flat(d, prefix=""):
-      out = {}
-      for k, v in d.items():
-        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-      return out
-    a, b = flat(saved), flat(config_json)
-    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    details = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:8])
-    raise ValueError(f"workdir {workdir} holds a run with a different config ({details}); "
-                     "use a new --workdir")
-
-
-def run_training(config, workdir, *, progress=True, log=print):
-  """Trains one dual encoder; resumes from the latest checkpoint in `workdir` if there is one.
-
-  Writes workdir/config.json, split.npz, metrics.jsonl (one row per log/eval step: "step",
-  training metrics of that step, and at evaluation steps the eval_step metrics) and
-  checkpoints/{latest,best}. Rows after the restored step are dropped on resume, so a killed
-  and restarted run produces the same rows as an uninterrupted one. Returns the final row.
-  """
-  from tqdm import tqdm
-  from bindjax import checkpoint
-
-  spec = RunSpec.from_config(config)
-  hyper, split = hyper_from_config(config, spec)
-  config_json = _config_dict(config)
-  workdir = os.path.abspath(os.fspath(workdir))
-  os.makedirs(workdir, exist_ok=True)
-  _check_saved_config(workdir, config_json)
-  files.write_json(os.path.join(workdir, CONFIG_FILE), config_json, sort_keys=True)
-  split.save(os.path.join(workdir, SPLIT_FILE), spec.space)
-
-  log_every = int(config.log_every)
-  checkpoint_every = int(config.checkpoint.every)
-  hyper = jax.device_put(hyper)
-  ckpt = checkpoint.Checkpoints(os.path.join(workdir, CHECKPOINT_DIR),
-                                keep=int(config.checkpoint.keep),
-                                keep_best=int(config.checkpoint.keep_best))
-  try:
-    t0 = time.perf_counter()
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    options = xla_options.compiler_options(jax.devices()[0].platform,
-                                           config.get("fast_compile", False))
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                            jax.eval_shape(lambda h: init(h.key, spec, h), hyper))
-    restored = ckpt.restore(abstract)
-    metrics_path = os.path.join(workdir, METRICS_FILE)
-    start = 0
-    if restored is not None:
-      start, state, _ = restored
-      log(f"resumed from the checkpoint at step {start} in {ckpt.directory}")
-    else:
-      state = jax.jit(lambda h: init(h.key, spec, h)).lower(hyper).compile(options)(hyper)
-    rows = [row for row in files.read_jsonl(metrics_path) if row["step"] <= start]
-    files.write_jsonl(metrics_path, rows)
-    ckpt.prune_after(start)
-    # The best value so far is the one of the kept rows (the best checkpoint may be pruned).
-    evals = [row[BEST_METRIC] for row in rows if BEST_METRIC in row]
-    ckpt.best_value = max(evals) if evals else None
-
-    if rows and rows[-1]["step"] == spec.num_steps == start:
-      log(f"the run in {workdir} is complete ({start} steps)")
-      return rows[-1]
-    train_fn = jit_train_step(spec).lower(state, hyper).compile(options)
-    eval_fn = jit_eval_step(spec).lower(state.params, eval_key(hyper.key, 0), hyper).compile(
-        options)
-    log(f"compiled train_step and eval_step in {time.perf_counter() - t0:.1f} s "
-        f"({models.count_parameters(state.params):,} parameters, |O| = "
-        f"{spec.space.num_objects}, {split.num_train} training objects)")
-    final = None
-
-    bar = tqdm(total=spec.num_steps, initial=start, unit="step", dynamic_ncols=True,
-               disable=not progress, file=sys.stderr, mininterval=1.0)
-    with open(metrics_path, "a") as metrics_file:
-      for step in range(start, spec.num_steps):
-        state, train_metrics = train_fn(state, hyper)
-        done = step + 1
-        is_eval = done % spec.eval_every == 0 or done == spec.num_steps
-        if is_eval or done % log_every == 0 or done % checkpoint_every == 0:
-          row = {"step": done, **_to_python(train_metrics)}
-          if is_eval:
-            row.update(_to_python(eval_fn(state.params, eval_key(hyper.key, done), hyper)))
-          if not all(math.isfinite(v) for k, v in row.items() if k != "step"):
-            bar.close()
-            raise FloatingPointError(f"non-finite metrics at step {done}: {row}")
-          _append_row(metrics_file, row)
-          if is_eval:
-            ckpt.save_best(done, state, row[BEST_METRIC], {"step": done})
-            bar.set_postfix(loss=f"{row['loss']:.3f}",
-                            heldout_obj=f"{row['heldout/object_accuracy']:.3f}",
-                            train_obj=f"{row['train/object_accuracy']:.3f}", refresh=False)
-          final = row
-        if done % checkpoint_every == 0 or done == spec.num_steps:
-          ckpt.save(done, state, {"step": done})
-        bar.update(1)
-      bar.close()
-    ckpt.wait()
-  finally:
-    ckpt.close()
-  return final

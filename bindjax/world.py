@@ -278,6 +278,12 @@ class ObjectSpace:
 
 
 # Coverage splits -----------------------------------------------------------------------------
+def ordered_pairs(num_objects):
+  """(first_P, second_P): every ordered pair of `num_objects` objects, identical ones included,
+  row-major (pair p = first_P[p] * num_objects + second_P[p]); int numpy arrays."""
+  return np.divmod(np.arange(num_objects * num_objects), num_objects)
+
+
 def num_train_objects(num_objects, coverage):
   """min(max(1, int(|O|·ρ)), |O|-1) for ρ < 1; all objects for ρ = 1.
 

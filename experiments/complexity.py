@@ -21,6 +21,10 @@ import os
 
 import ml_collections
 
+from bindjax.complexity import description_length
+from bindjax.complexity import fitting
+from bindjax.probes import linear
+
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -30,36 +34,39 @@ def get_config(arg="smoke"):
   preset, options = parts[0], set(parts[1:])
   if preset not in ("smoke", "cpu", "paper") or options - {"trees"}:
     raise ValueError(f"complexity config arg={arg!r}: expected smoke|cpu|paper[,trees]")
+  fit, probe = fitting.FitConfig(), linear.ProbeConfig()
+  code = description_length.CodeConfig()
   c = ml_collections.ConfigDict()
   c.embeddings = os.path.join(_REPO, "tests", "data", "clevr_text")
   c.probes = "auto"             # auto | stored | fit
   c.probes_file = ""            # probes.npz written by `bindjax probe`
-  c.probe_steps = 10_000
-  c.probe_similarity = "dot"
+  c.probe_steps = probe.steps
+  c.probe_similarity = probe.similarity
+  # A comma string, not a tuple: ml_collections cannot parse "mlp:64,product" as a tuple
+  # override (the colon), and a comma list is what a researcher types.
   c.models = "mlp:1024,product,sum_product"
   c.embed_dim = 0               # slot embedding width; 0 = embedding width D
   c.train_fractions = tuple(round(0.1 * i, 1) for i in range(1, 10))
   c.seeds = (0,)
   c.learning_rates = (1e-2,)
-  c.steps = 4000
-  c.eval_every = 100
+  c.steps = fit.steps
+  c.eval_every = fit.eval_every
   c.schedule = "constant"       # the original's effective schedule; "cosine" decays to 0
   # Evaluations after steps 1, 101, …, 3901 as in the original ("end": after 100, …, 4000).
   c.eval_cadence = "original"
   c.chunk_size = "auto"         # auto | none | an integer number of models per chunk
   c.memory_bytes = 0            # 0: the device's memory
   c.trees = "trees" in options  # also fit tree approximators (bindjax.complexity.trees)
-  c.tree_models = "random_forest"
+  c.tree_models = "random_forest"   # comma string, like models
   c.tree_estimators = 100
   # Prequential description length of every model (docs/complexity.md, "Description length"):
   # blocks end at these fractions of the objects; each block's fits use steps, schedule and
   # every learning rate, with dl_restarts initialisations; coordinates coded to precision
   # dl_precision × the embeddings' RMS standard deviation.
   c.description_length = False
-  c.dl_block_fractions = tuple(round(0.1 * i, 1) for i in range(1, 10))
-  c.dl_restarts = 4
-  c.dl_precision = 1e-3
-  c.overwrite = False
+  c.dl_block_fractions = code.block_fractions
+  c.dl_restarts = code.restarts
+  c.dl_precision = code.precision
   if preset == "smoke":
     c.models = "mlp:64,product,sum_product"
     c.train_fractions = (0.3, 0.5, 0.7)

@@ -1,7 +1,7 @@
 """Coverage sweep: held-out object recognition vs coverage × object-space size × seed.
 
   bindjax sweep --config=experiments/coverage_sweep.py:smoke --workdir=/tmp/bindjax_sweep_smoke
-  bindjax report --workdir=/tmp/bindjax_sweep_smoke
+  bindjax report --workdir=/tmp/bindjax_sweep_smoke --overwrite   # redraw the sweep's report
 
 Presets (the ARG after the colon):
   smoke      CI: 2 tiny spaces × 3 coverages × 2 seeds, 40 steps (well under 2 min on 2 cores).
@@ -28,9 +28,9 @@ Presets (the ARG after the colon):
 
 Any field can be overridden; grid lists take comma lists or single values, e.g.
 --config.grid.seeds=0,1,2 --config.grid.coverages=0.5 --config.grid.spaces='(2,20),(3,10)'
---config.sweep.chunk_size=8 --config.num_steps=2000. Sweep settings: sweep.chunk_size (-1
-automatic from device memory and, on CPU, each core's share of the last-level cache; 0 all
-replicas at once; n replicas at a time), sweep.num_data
+--config.sweep.chunk_size=8 --config.num_steps=2000. Sweep settings: sweep.chunk_size ("auto"
+from device memory and, on CPU, each core's share of the last-level cache; "none" all replicas
+at once; n replicas at a time), sweep.num_data
 (devices per replica group, which split its scenes; the rest of the devices form the "replica"
 mesh axis), sweep.memory_fraction, sweep.fast_compile (cheaper
 XLA compiles of slower code: for tiny models), sweep.cpu_devices (CPU hosts: -1 one device per
@@ -49,8 +49,7 @@ GPU_QUICK_STEPS = 15000
 def get_config(arg="smoke"):
   """Sweep config for preset `arg` (smoke | cpu | gpu_quick | paper | paper_20m)."""
   c = train.default_config()
-  c.sweep = ml_collections.ConfigDict(dict(chunk_size=-1, num_data=1, memory_fraction=0.7,
-                                           fast_compile=False, cpu_devices=-1))
+  c.sweep.cpu_devices = -1   # replicas side by side, one per core
   c.grid = ml_collections.ConfigDict(dict(
       spaces=((2, 20),), coverages=COVERAGES_0_1_TO_0_9, seeds=(0, 1, 2),
       learning_rates=(), weight_decays=(), models=()))

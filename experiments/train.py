@@ -38,7 +38,7 @@ def get_config(arg="smoke"):
     c.eval.update(every=30, batches=2, batch_size=64)
     c.log_every = 10
     c.checkpoint.update(every=30, keep=2)
-    c.fast_compile = True
+    c.sweep.fast_compile = True
   elif arg == "tiny":
     c.space.update(num_concepts=2, num_values=4, max_objects=2)
     c.coverage = 1.0
@@ -49,7 +49,7 @@ def get_config(arg="smoke"):
     c.eval.update(every=300, batches=2, batch_size=256)
     c.log_every = 100
     c.checkpoint.update(every=300, keep=1)
-    c.fast_compile = True
+    c.sweep.fast_compile = True
   elif arg == "cpu":
     c.space.update(num_concepts=2, num_values=4, max_objects=2)
     c.coverage = 1.0

@@ -13,7 +13,8 @@ import optax
 import pytest
 
 from bindjax import checkpoint
-from bindjax import files
+from bindjax import extract
+from bindjax import results
 from bindjax import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,29 +47,23 @@ def test_latest_keep_last_n_and_abstract_restore(tmp_path):
       np.testing.assert_array_equal(a, b)
     step, state, _ = ckpt.restore(_state(0), step=2)
     assert step == 2 and float(state.params["tau"]) == 2.0
-    with pytest.raises(ValueError, match="no latest checkpoint at step 1"):
+    with pytest.raises(ValueError, match="no checkpoint at step 1"):
       ckpt.restore(_state(0), step=1)
 
 
-def test_best_by_metric_and_prune_after(tmp_path):
-  with checkpoint.Checkpoints(tmp_path, keep=3, keep_best=1) as ckpt:
-    assert ckpt.save_best(1, _state(1), 0.5)
-    assert not ckpt.save_best(2, _state(2), 0.5)        # ties do not improve
-    assert not ckpt.save_best(3, _state(3), float("nan"))
-    assert ckpt.save_best(4, _state(4), 0.7)
-    assert not ckpt.save_best(5, _state(5), 0.6)
-    ckpt.save(4, _state(4))
-    ckpt.save(6, _state(6))
+def test_metadata_and_prune_after(tmp_path):
+  with checkpoint.Checkpoints(tmp_path, keep=3) as ckpt:
+    assert ckpt.metadata() is None
+    for step in (2, 4, 6):
+      ckpt.save(step, _state(step), {"step": step})
     ckpt.wait()
-    assert ckpt.all_steps("best") == [4] and ckpt.best_value == 0.7
-    step, state, meta = ckpt.restore(_state(0), which="best")
-    assert step == 4 and meta["best_value"] == 0.7 and float(state.params["tau"]) == 4.0
+    assert ckpt.metadata() == {"step": 6} and ckpt.metadata(4) == {"step": 4}
     ckpt.prune_after(5)
-    assert ckpt.all_steps() == [4] and ckpt.all_steps("best") == [4]
-    ckpt.prune_after(3)
-    assert ckpt.all_steps() == [] and ckpt.best_value is None
-  with pytest.raises(ValueError, match="best_mode='median'"):
-    checkpoint.Checkpoints(tmp_path / "x", best_mode="median")
+    assert ckpt.all_steps() == [2, 4] and ckpt.latest_step() == 4
+    ckpt.prune_after(None)
+    assert ckpt.all_steps() == [] and ckpt.restore(_state(0)) is None
+  with pytest.raises(ValueError, match="keep=0"):
+    checkpoint.Checkpoints(tmp_path / "x", keep=0)
 
 
 def _train_command(workdir, num_steps):
@@ -90,14 +85,14 @@ def _env(cache_dir):
 
 
 def _rows(workdir):
-  return files.read_jsonl(os.path.join(workdir, train.METRICS_FILE))
+  return results.read_rows(workdir)
 
 
 def _finalized_steps(workdir):
-  latest = os.path.join(workdir, train.CHECKPOINT_DIR, "latest")
-  if not os.path.isdir(latest):
+  directory = results.bucket_checkpoint_dir(workdir, 0)
+  if not os.path.isdir(directory):
     return []
-  return sorted(int(d) for d in os.listdir(latest) if d.isdigit())
+  return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
 
 
 def test_sigkill_and_resume_gives_identical_metrics(tmp_path):
@@ -132,6 +127,9 @@ def test_sigkill_and_resume_gives_identical_metrics(tmp_path):
   assert got == expected          # bit-identical metrics, final evaluation included
   assert json.loads(resumed.stdout.strip().splitlines()[-1]) == json.loads(
       done.stdout.strip().splitlines()[-1])
-  ckpt_dir = os.path.join(killed, train.CHECKPOINT_DIR)
-  assert os.listdir(os.path.join(ckpt_dir, "best")) == os.listdir(
-      os.path.join(reference, train.CHECKPOINT_DIR, "best"))
+  assert _finalized_steps(killed) == _finalized_steps(reference)
+  # The best parameters ride in the state: the resumed run kept the same ones.
+  for which in ("best", "latest"):
+    a, b = (extract.load_workdir(w, which) for w in (reference, killed))
+    assert a.step == b.step
+    jax.tree.map(np.testing.assert_array_equal, a.params, b.params)

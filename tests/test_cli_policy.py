@@ -4,6 +4,7 @@ Bad input data exits 1 and a usage error exits 2, each with one line on stderr t
 file or flag; a non-empty output directory is refused without --overwrite; nothing is written.
 """
 import os
+import sys
 
 import pytest
 
@@ -18,15 +19,22 @@ def listing(path):
                 for d, _, names in os.walk(path) for f in names)
 
 
-def run(argv, capsys):
+def run(argv, capsys, monkeypatch=None):
   """(exit status, stderr lines) of `bindjax ARGV` run in-process."""
+  if monkeypatch is not None:   # ml_collections reads --config.field overrides from sys.argv
+    monkeypatch.setattr(sys, "argv", ["bindjax"] + list(argv))
   with pytest.raises(SystemExit) as e:
     cli.main(argv)
   return e.value.code, capsys.readouterr().err.splitlines()
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPLEXITY = os.path.join(REPO, "experiments", "complexity.py")
+GEOMETRY = os.path.join(REPO, "experiments", "geometry.py")
+
+
 def commands(bad_input, out):
-  """Each command of the policy with an input that does not exist and output `out`."""
+  """Each command that reads data, with input `bad_input` and output `out`."""
   return {
       "import": ["import", f"--reference={bad_input}", f"--out={out}"],
       "extract": ["extract", f"--workdir={bad_input}", f"--out={out}"],
@@ -34,27 +42,80 @@ def commands(bad_input, out):
               "--quadruple=red,blue,cube,sphere"],
       "interventions-table": ["interventions-table", f"--summaries={bad_input}",
                               f"--workdir={out}"],
+      "report": ["report", f"--workdir={bad_input}", f"--out={out}"],
+      "probe": ["probe", f"--embeddings={bad_input}", f"--workdir={out}", "--steps=10"],
+      "complexity": ["complexity", f"--config={COMPLEXITY}:smoke",
+                     f"--config.embeddings={bad_input}", f"--workdir={out}"],
+      "decompose": ["decompose", f"--embeddings={bad_input}", f"--workdir={out}",
+                    f"--config={GEOMETRY}:smoke"],
+      "interventions": ["interventions", f"--embeddings={bad_input}", f"--workdir={out}",
+                        f"--config={GEOMETRY}:smoke"],
   }
 
 
-@pytest.mark.parametrize("name", ["import", "extract", "mds", "interventions-table"])
-def test_bad_input_exits_1_naming_the_input_and_writes_nothing(tmp_path, capsys, name):
+READERS = sorted(commands("x", "y"))
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_bad_input_exits_1_naming_the_input_and_writes_nothing(tmp_path, capsys, monkeypatch,
+                                                               name):
   missing, out = tmp_path / "missing", tmp_path / "out"
-  code, err = run(commands(missing, out)[name], capsys)
-  assert code == flags.INPUT_ERROR
+  code, err = run(commands(missing, out)[name], capsys, monkeypatch)
+  assert code == flags.INPUT_ERROR, err
   assert len(err) == 1 and err[0].startswith(f"bindjax {name}: ") and str(missing) in err[0]
   assert not out.exists() and listing(tmp_path) == []
 
 
-@pytest.mark.parametrize("name", ["import", "extract", "mds", "interventions-table"])
-def test_non_empty_output_is_a_usage_error_and_is_left_alone(tmp_path, capsys, name):
+@pytest.mark.parametrize("name", READERS)
+def test_non_empty_output_is_a_usage_error_and_is_left_alone(tmp_path, capsys, monkeypatch,
+                                                             name):
   out = tmp_path / "out"
   out.mkdir()
   (out / "keep.txt").write_text("mine")
-  code, err = run(commands(DATA, out)[name], capsys)
+  code, err = run(commands(DATA, out)[name], capsys, monkeypatch)
   assert code == flags.USAGE_ERROR
   assert len(err) == 1 and f"={out} is not empty" in err[0] and "--overwrite" in err[0]
   assert listing(out) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["complexity", f"--config={COMPLEXITY}:smoke", f"--config.embeddings={DATA}",
+      "--config.models=additive,cubic"], "'cubic'"),
+    (["complexity", f"--config={COMPLEXITY}:smoke", f"--config.embeddings={DATA}",
+      "--config.chunk_size=zero"], "chunk_size='zero'"),
+    (["complexity", f"--config={COMPLEXITY}:smoke", f"--config.embeddings={DATA}",
+      "--config.eval_every=7"], "eval_every=7"),
+    (["probe", f"--embeddings={DATA}", "--train_fraction=1.5"], "train_fraction"),
+    (["decompose", f"--embeddings={DATA}", f"--config={GEOMETRY}:smoke",
+      "--config.decomposition.banks=avg"], "'avg'"),
+    (["report", f"--workdir={DATA}", "--bootstrap=0"], "--bootstrap=0"),
+    (["train", f"--config={REPO}/experiments/train.py:smoke", "--config.coverage=1.5"],
+     "config.coverage=1.5"),
+    (["sweep", f"--config={REPO}/experiments/coverage_sweep.py:smoke",
+      "--config.grid.seeds=-1"], "grid.seeds[0]=-1"),
+])
+def test_bad_settings_are_usage_errors_and_write_nothing(tmp_path, capsys, monkeypatch, argv,
+                                                         named):
+  out = tmp_path / "out"
+  if argv[0] != "report":
+    argv = argv + [f"--workdir={out}"]
+  else:
+    argv = argv + [f"--out={out}"]
+  code, err = run(argv, capsys, monkeypatch)
+  assert code == flags.USAGE_ERROR and len(err) == 1 and named in err[0], err
+  assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["train", "sweep"])
+def test_training_refuses_a_directory_that_holds_no_run(tmp_path, capsys, monkeypatch, name):
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "keep.txt").write_text("mine")
+  preset = {"train": "train.py:smoke", "sweep": "coverage_sweep.py:smoke"}[name]
+  code, err = run([name, f"--config={REPO}/experiments/{preset}", f"--workdir={out}"], capsys,
+                  monkeypatch)
+  assert code == flags.USAGE_ERROR and len(err) == 1 and "holds no bindjax run" in err[0]
+  assert listing(out) == ["keep.txt"]
 
 
 def test_bad_flag_values_are_usage_errors(tmp_path, capsys):

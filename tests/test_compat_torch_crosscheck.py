@@ -2,8 +2,11 @@
 
 Two halves. The torch-free half reads small files that torch.save / pickle.dump wrote
 (tests/data/torch_fixtures) and compares them with the values numpy recorded beside them in
-expected.json. The other half runs only where torch is importable (never in the project venv:
-torch lives in a separate venv) and checks both directions live.
+expected.json; checks that torch_format.save still writes, byte for byte, the file whose
+contents real torch read back (recorded in expected.json); and checks randperm against
+permutations real torch drew (hashes, for n up to 100,000 and seeds beyond 2^32). The other
+half runs only where torch is importable (never in the project venv: torch lives in a separate
+venv) and checks both directions live.
 
 Regenerate the fixtures (torch 2.13 CPU, in its own venv; the project never depends on torch):
   PYTHONPATH=. TORCH_VENV/bin/python tests/test_compat_torch_crosscheck.py
@@ -11,6 +14,7 @@ Run the live checks too:
   PYTHONPATH=. TORCH_VENV/bin/python -m pytest tests/test_compat_torch_crosscheck.py -q
 """
 import collections
+import hashlib
 import json
 import os
 import pickle
@@ -26,6 +30,10 @@ from bindjax.compat import torch_random
 FIXTURES = os.path.join(os.path.dirname(__file__), "data", "torch_fixtures")
 EXPECTED = os.path.join(FIXTURES, "expected.json")
 FIXTURE_FILES = ("zip_mixed.pt", "legacy.pt", "views.pt", "pickled_tensor.pkl")
+BINDJAX_FILE = "bindjax_written.pt"
+# (n, seed) pairs whose torch.randperm is recorded: n past 2^16 and seeds past 2^32 included.
+RANDPERM_CASES = tuple((n, seed) for n in (24, 576, 2**16, 2**16 + 3, 100_000)
+                       for seed in (0, 7, 2**32 + 5, 123_456_789_012, 2**63 - 1))
 
 
 # ---------------------------------------------------------------- fixtures (need torch to write)
@@ -72,6 +80,23 @@ def _record(torch, obj, prefix=""):
   return out
 
 
+def _bindjax_object():
+  """What bindjax writes with torch_format.save for the byte-level check: every dtype it writes,
+  views, nesting and plain values; numpy only."""
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  grid = np.arange(12, dtype=np.float32).reshape(3, 4)
+  return collections.OrderedDict(
+      f32=grid.T, f16=np.array([0.5, -2, 65504], np.float16), f64=np.linspace(0, 1, 3),
+      bf16=np.array([1.5, -2, 3.140625], ml_dtypes.bfloat16), i64=np.array([-1, 2**40, 7]),
+      i32=np.array([[3]], np.int32), bool=np.array([True, False]),
+      scalar=np.array(2.5, np.float32), empty=np.zeros((0, 3), np.float32),
+      nested={"a": {"b": np.ones((2, 2), np.float32)}}, step=3, name="x")
+
+
+def _perm_hash(perm):
+  return hashlib.sha256(np.asarray(perm, "<i8").tobytes()).hexdigest()
+
+
 def write_fixtures(directory):
   """Writes the fixture files and expected.json into `directory` (needs torch)."""
   import torch  # pylint: disable=g-import-not-at-top
@@ -104,6 +129,13 @@ def write_fixtures(directory):
         torch.save(obj, f)
     os.replace(tmp, path)
     expected["files"][name] = _record(torch, obj)
+  path = os.path.join(directory, BINDJAX_FILE)
+  torch_format.save(_bindjax_object(), path)
+  expected["torch_read_bindjax_file"] = _record(torch, torch.load(path))
+  expected["randperm"] = [
+      {"n": n, "seed": seed, "sha256": _perm_hash(
+          torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy())}
+      for n, seed in RANDPERM_CASES]
   path = os.path.join(directory, "expected.json")
   with open(f"{path}.tmp", "w") as f:
     json.dump(expected, f, indent=1)
@@ -141,6 +173,34 @@ def test_reads_genuine_torch_files(name):
     expected = json.load(f)["files"][name]
   loaded = torch_format.load(os.path.join(FIXTURES, name))
   _check_against_expected(name, loaded, expected)
+
+
+def test_save_writes_the_bytes_torch_read(tmp_path):
+  """torch_format.save's output is unchanged since real torch read it (values recorded)."""
+  path = tmp_path / BINDJAX_FILE
+  torch_format.save(_bindjax_object(), path)
+  assert path.read_bytes() == open(os.path.join(FIXTURES, BINDJAX_FILE), "rb").read()
+  with open(EXPECTED) as f:
+    read_by_torch = json.load(f)["torch_read_bindjax_file"]
+  written = _bindjax_object()
+  for key in ("f32", "f16", "f64", "i64", "i32", "bool", "scalar", "empty"):
+    want = read_by_torch[key]
+    assert want["shape"] == list(written[key].shape) and want["dtype"] == written[key].dtype.name
+    np.testing.assert_array_equal(np.asarray(want["values"], want["dtype"]).reshape(
+        want["shape"]), written[key], err_msg=key)
+  np.testing.assert_array_equal(read_by_torch["bf16"]["values"],
+                                written["bf16"].astype(np.float32))
+  assert read_by_torch["nested/a/b"]["values"] == [[1.0, 1.0], [1.0, 1.0]]
+  assert read_by_torch["step"] == {"value": 3} and read_by_torch["name"] == {"value": "x"}
+
+
+@pytest.mark.parametrize("n", sorted({n for n, _ in RANDPERM_CASES}))
+def test_randperm_matches_permutations_torch_drew(n):
+  with open(EXPECTED) as f:
+    recorded = [r for r in json.load(f)["randperm"] if r["n"] == n]
+  assert len(recorded) == 5
+  for case in recorded:
+    assert _perm_hash(torch_random.randperm(n, case["seed"])) == case["sha256"], case["seed"]
 
 
 def test_fixture_details():

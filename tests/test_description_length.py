@@ -148,12 +148,15 @@ def test_complexity_command_writes_the_description_length(tmp_path, capsys, monk
 
 @pytest.mark.skipif(not os.path.isdir(DATA), reason="tests/data/clevr_text missing")
 def test_bad_description_length_config_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+  """A bad dl_* setting is a usage error (exit 2) before any fit, naming the field."""
   workdir = tmp_path / "grid"
   argv = ["bindjax complexity", f"--config={REPO}/experiments/complexity.py:smoke",
           f"--config.embeddings={DATA}", f"--workdir={workdir}",
           "--config.description_length=True", "--config.dl_restarts=0"]
   monkeypatch.setattr(sys, "argv", list(argv))
-  assert complexity_command.main(argv) == 1
+  with pytest.raises(SystemExit) as e:
+    complexity_command.main(argv)
+  assert e.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "dl_restarts" in err[0], err
   assert not workdir.exists()

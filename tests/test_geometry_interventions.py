@@ -27,7 +27,10 @@ def config(**kwargs):
 def run_command(module, monkeypatch, argv):
   # ml_collections reads --config.field overrides from sys.argv, as under the real CLI.
   monkeypatch.setattr(sys, "argv", list(argv))
-  return module.main(argv)
+  try:
+    return module.main(argv)
+  except SystemExit as e:   # the command policy's exits: 1 bad input, 2 usage
+    return e.code
 
 
 @pytest.fixture(scope="module")
@@ -167,14 +170,15 @@ def test_bad_input_is_rejected_and_nothing_written(tmp_path, monkeypatch):
   summary, _ = interventions.run_interventions(es, config(probes="none"))
   assert summary["banks"] == ["obj-avg", "pos-avg"]
   es.save(tmp_path / "set")
-  for extra in (["--config.interventions.banks=single-object"],
-                ["--config.interventions.strengths=one"],
-                ["--config.interventions.banks=avg"]):
+  # A bank the set cannot provide is bad input (1); values no set could use are usage errors (2).
+  for extra, expected in ((["--config.interventions.banks=single-object"], 1),
+                          (["--config.interventions.strengths=one"], 2),
+                          (["--config.interventions.banks=avg"], 2)):
     out = tmp_path / "out"
     code = run_command(interventions_command, monkeypatch, [
         "bindjax interventions", f"--embeddings={tmp_path / 'set'}", f"--workdir={out}",
         *SMALL_FLAGS, *extra])
-    assert code == 1 and not out.exists(), extra
+    assert code == expected and not out.exists(), extra
 
 
 def test_command_and_table(tmp_path, monkeypatch, capsys):

@@ -109,7 +109,10 @@ def test_probe_command_writes_native_probes(tmp_path):
   assert metrics["num_train_scenes"] == 62 and metrics["num_test_scenes"] == 94
   with np.load(os.path.join(workdir, "probes.npz")) as f:
     assert sorted(f.files) == ["concept_0", "concept_1", "object"]
-  assert probe_command.main(["bindjax probe", f"--embeddings={tmp_path}/missing"]) == 1
+  with pytest.raises(SystemExit) as e:   # a missing set is bad input; the policy tests cover more
+    probe_command.main(["bindjax probe", f"--embeddings={tmp_path}/missing",
+                        f"--workdir={tmp_path}/out2"])
+  assert e.value.code == 1 and not os.path.exists(tmp_path / "out2")
 
 
 @pytest.mark.skipif(not os.path.isdir(DATA), reason="tests/data/clevr_text missing")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bindjax import report
+from bindjax import results
 from bindjax.commands import report as report_command
 
 PLANTED = {(2, 20): 0.5, (2, 50): 0.32, (3, 50): 0.3}
@@ -62,12 +63,12 @@ def test_scaling_laws():
 
 def test_select_best_and_final():
   rows = _rows(planted={(2, 20): 0.5}, seeds=(0,))
-  best = report.select_evaluations(rows, "best")
-  final = report.select_evaluations(rows, "final")
+  best = results.select_evaluations(rows, "best")
+  final = results.select_evaluations(rows, "final")
   assert len(best) == len(final) == len(COVERAGES)
   assert all(r["step"] == 200 for r in final)
   with pytest.raises(ValueError, match="step='last'"):
-    report.select_evaluations(rows, "last")
+    results.select_evaluations(rows, "last")
 
 
 def test_report_recovers_planted_rho_star(tmp_path, capsys):
@@ -96,7 +97,49 @@ def test_report_recovers_planted_rho_star(tmp_path, capsys):
   assert "rho* = 0.5" in capsys.readouterr().out
 
 
-def test_report_without_results_is_a_usage_error(tmp_path):
+def test_report_without_results_is_bad_input_and_writes_nothing(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     report_command.main(["bindjax report", f"--workdir={tmp_path}"])
-  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 1 and len(err) == 1 and "no result rows" in err[0]
+  assert os.listdir(tmp_path) == []
+
+
+def test_step_final_reads_the_last_evaluation(tmp_path):
+  """Early evaluations are 0.8× the late ones, so "best" and "final" are both the late step; a
+  late collapse makes them differ, and --step=final must report the collapsed values."""
+  rows = _rows(planted={(2, 20): 0.5}, seeds=(0, 1), steps=(100, 200, 300))
+  for row in rows:
+    if row["step"] == 300:
+      row["heldout/object_accuracy"] = row["heldout/object_accuracy_2obj"] = 0.0
+  workdir = str(tmp_path / "sweep")
+  _write(workdir, rows)
+  best = report.make_report(workdir, step="best", num_bootstrap=20, out_dir=str(tmp_path / "b"),
+                            formats=("png",))
+  final = report.make_report(workdir, step="final", num_bootstrap=20,
+                             out_dir=str(tmp_path / "f"), formats=("png",))
+  assert best["critical_coverage"][0]["status"] == "fit"
+  (row,) = final["critical_coverage"]
+  assert row["status"] == "below" and row["rho_star"] is None
+  points = json.load(open(tmp_path / "f" / "points.json"))
+  assert all(p["heldout/object_accuracy_{K}obj"]["mean"] == 0.0 for p in points[0]["points"])
+  assert "final" in open(tmp_path / "f" / "critical_coverage.md").read()
+
+
+def test_no_crossing_and_shared_space_size(tmp_path):
+  """A curve that never reaches 0.5 has no ρ*; two models on one |O| give two curves and no
+  scaling law (it needs one ρ* per size)."""
+  rows = _rows(planted={(2, 20): 0.5}, seeds=(0, 1))
+  other = []
+  for row in rows:
+    copy = dict(row, model="flat", replica=row["replica"] + 1000)
+    copy["heldout/object_accuracy"] = copy["heldout/object_accuracy_2obj"] = 0.1
+    other.append(copy)
+  workdir = str(tmp_path / "sweep")
+  _write(workdir, rows + other)
+  summary = report.make_report(workdir, num_bootstrap=20, formats=("png",))
+  statuses = sorted(r["status"] for r in summary["critical_coverage"])
+  assert statuses == ["below", "fit"] and summary["scaling_law"] is None
+  assert [r["space_size"] for r in summary["critical_coverage"]] == [400, 400]
+  md = open(os.path.join(workdir, "report", "critical_coverage.md")).read()
+  assert "needs ρ* at three or more" in md

@@ -14,13 +14,14 @@ import pytest
 
 from bindjax import files
 from bindjax import parallel
+from bindjax import results
 from bindjax import sweep
 from bindjax import train
 from bindjax import xla_options
+from bindjax.commands import flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "experiments"))
-import coverage_sweep  # noqa: E402
+PRESETS = os.path.join(REPO, "experiments", "coverage_sweep.py")
 
 NUM_STEPS = 6
 HEALTHY_LR, HUGE_LR = 3e-3, 1e38
@@ -28,7 +29,7 @@ HEALTHY_LR, HUGE_LR = 3e-3, 1e38
 
 def tiny_config():
   """12 replicas (2 coverages × 3 seeds × 2 learning rates, one of them diverging), 1 bucket."""
-  c = coverage_sweep.get_config("smoke")
+  c = flags.load_config(f"{PRESETS}:smoke")
   c.grid.spaces = ((2, 3),)
   c.grid.coverages = (0.5, 0.8)
   c.grid.seeds = (0, 1, 2)
@@ -49,7 +50,7 @@ def get_config(arg=None):
 
 
 def _rows(workdir):
-  return files.read_jsonl(os.path.join(workdir, sweep.RESULTS_FILE))
+  return files.read_jsonl(os.path.join(workdir, results.RESULTS_FILE))
 
 
 def _numbers(row):
@@ -114,9 +115,9 @@ def test_sweep_rows_and_nan_replicas(reference):
                   "heldout/concept_accuracy", "train/object_accuracy", "tau", "coverage"):
         assert evaluation[key] is not None
   assert len(by_replica) == 12
-  summary = open(os.path.join(workdir, sweep.SUMMARY_FILE)).read().splitlines()
+  summary = open(os.path.join(workdir, results.SUMMARY_FILE)).read().splitlines()
   assert len(summary) == 1 + 6  # diverged replicas have no evaluation to summarise
-  assert json.load(open(os.path.join(workdir, sweep.CONFIG_FILE)))["grid"]["seeds"] == [0, 1, 2]
+  assert json.load(open(os.path.join(workdir, results.CONFIG_FILE)))["grid"]["seeds"] == [0, 1, 2]
 
 
 def test_vmapped_sweep_equals_separate_runs(reference):
@@ -137,7 +138,7 @@ def test_vmapped_sweep_equals_separate_runs(reference):
     expected = []
     for done in range(1, NUM_STEPS + 1):
       state, metrics = step(state, hyper)
-      row = {sweep.RENAMED.get(k, k): float(metrics[k]) for k in sweep.TRAIN_METRICS}
+      row = {results.RENAMED.get(k, k): float(metrics[k]) for k in results.TRAIN_METRICS}
       if done % 3 == 0:
         row.update({k: float(v) for k, v in
                     evaluate(state.params, train.eval_key(hyper.key, done), hyper).items()})
@@ -153,38 +154,67 @@ def test_vmapped_sweep_equals_separate_runs(reference):
 def test_unsharded_chunked_equals_sharded(reference, tmp_path):
   _, _, rows = reference
   c = tiny_config()
-  c.sweep.chunk_size = 4  # 3 chunks of 4 replicas on one device
+  c.sweep.chunk_size = "4"  # 3 chunks of 4 replicas on one device
   sweep.run_sweep(c, str(tmp_path), progress=False, devices=jax.devices()[:1])
   _assert_rows_close(_rows(str(tmp_path)), rows)
 
 
 def test_rerun_into_finished_workdir_does_nothing(reference):
   workdir, done, _ = reference
-  path = os.path.join(workdir, sweep.RESULTS_FILE)
+  path = os.path.join(workdir, results.RESULTS_FILE)
   before = (open(path).read(), os.stat(path).st_mtime_ns)
   messages = []
   again = sweep.run_sweep(tiny_config(), workdir, progress=False, log=messages.append)
-  assert again == done and "already finished" in messages[0]
+  assert again == done and "is finished" in messages[0]
   assert (open(path).read(), os.stat(path).st_mtime_ns) == before
   other = tiny_config()
   other.grid.seeds = (5,)
-  os.rename(os.path.join(workdir, sweep.DONE_FILE), os.path.join(workdir, "done.bak"))
+  os.rename(os.path.join(workdir, results.DONE_FILE), os.path.join(workdir, "done.bak"))
   try:
     with pytest.raises(ValueError, match="different config"):
       sweep.run_sweep(other, workdir, progress=False)
   finally:
-    os.rename(os.path.join(workdir, "done.bak"), os.path.join(workdir, sweep.DONE_FILE))
+    os.rename(os.path.join(workdir, "done.bak"), os.path.join(workdir, results.DONE_FILE))
+
+
+def test_extract_reads_any_replica_with_its_best_parameters(reference, tmp_path):
+  """A sweep replica becomes a model: its best parameters are those of the evaluation that
+  results.select_evaluations calls best, and --replica picks it on the command line."""
+  from bindjax import cli
+  from bindjax import extract
+  workdir, _, rows = reference
+  best = {r["replica"]: r["step"] for r in results.select_evaluations(rows, "best")}
+  for index in (0, 4):
+    trained = extract.load_workdir(workdir, "best", replica=index)
+    latest = extract.load_workdir(workdir, "latest", replica=index)
+    assert trained.step == best[index] and latest.step == NUM_STEPS
+    assert trained.source["coordinates"]["replica"] == index
+    assert trained.split.num_train == [r for r in rows if r["replica"] == index][0][
+        "num_train_objects"]
+    if trained.step != latest.step:
+      assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(trained.params),
+                                                          jax.tree.leaves(latest.params)))
+  # A diverged replica (huge learning rate) has no best; its state is its last finite one.
+  diverged = extract.load_workdir(workdir, "best", replica=7)
+  assert diverged.step == 0 and diverged.source["checkpoint"] == "latest"
+  with pytest.raises(ValueError, match="holds 12 replicas: pass --replica=N"):
+    extract.load_workdir(workdir)
+  with pytest.raises(ValueError, match="replica=12: expected 0..11"):
+    extract.load_workdir(workdir, replica=12)
+  out = tmp_path / "embeddings"
+  assert cli.main(["extract", f"--workdir={workdir}", "--replica=4", f"--out={out}"]) == 0
+  assert os.path.isdir(out)
 
 
 def test_overwrite_reruns_a_finished_workdir(reference, tmp_path):
   workdir, _, rows = reference
   copy = str(tmp_path / "copy")
   shutil.copytree(workdir, copy)
-  with open(os.path.join(copy, sweep.RESULTS_FILE), "a") as f:
+  with open(os.path.join(copy, results.RESULTS_FILE), "a") as f:
     f.write('{"stale": true}\n')
   messages = []
   sweep.run_sweep(tiny_config(), copy, progress=False, overwrite=True, log=messages.append)
-  assert not any("already finished" in m for m in messages)
+  assert not any("is finished" in m for m in messages)
   assert _rows(copy) == rows  # same compiled program, same numbers
 
 
@@ -219,7 +249,7 @@ def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
   proc = subprocess.run([sys.executable, "-c", script], env=_env(8), cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-  assert not os.path.exists(os.path.join(workdir, sweep.DONE_FILE))
+  assert not os.path.exists(os.path.join(workdir, results.DONE_FILE))
   assert max(r["step"] for r in _rows(workdir)) == 5
   messages = []
   sweep.run_sweep(tiny_config(), workdir, progress=False, log=messages.append)
@@ -265,24 +295,25 @@ def test_data_axis_splits_each_replicas_batch_and_matches():
   """num_data=2 (4 replica groups × 2 data devices) trains to the same parameters and metrics as
   num_data=1, and the compiled programs really split the scenes (sums across data devices)."""
   _, (bucket,) = sweep.expand_grid(tiny_config())
-  results = {}
+  outcomes = {}
   for num_data in (1, 2):
     mesh = parallel.make_mesh(num_data)
     hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(),
                                            parallel.num_replica_shards(mesh))
     hyper = parallel.shard_replicas(hyper_np, mesh)
     # fast_compile as the smoke preset runs it, so num_data=1 reuses the reference's program.
-    init_fn, step_fn, eval_fn, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, 0,
+    init_fn, step_fn, eval_fn, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, "none",
                                                         log=lambda *_: None, fast_compile=True)
     state, history = init_fn(hyper), []
     for _ in range(3):
       state, metrics = step_fn(state, hyper)
       history.append(parallel.to_host(metrics))
     step = sweep._global_scalar(3, mesh)
-    history.append(parallel.to_host(eval_fn(state["train"].params, hyper, step)))
-    results[num_data] = (step_fn.as_text() + eval_fn.as_text(),
+    state, metrics = eval_fn(state, hyper, step)
+    history.append(parallel.to_host(metrics))
+    outcomes[num_data] = (step_fn.as_text() + eval_fn.as_text(),
                          (history, parallel.to_host(state["train"].params)))
-  (hlo_1, history_1), (hlo_2, history_2) = results[1], results[2]
+  (hlo_1, history_1), (hlo_2, history_2) = outcomes[1], outcomes[2]
   assert "all-reduce" not in hlo_1
   assert "all-reduce" in hlo_2
   size = len(bucket.replicas)  # padding differs: 16 rows on 8 replica shards, 12 on 4

@@ -1,6 +1,5 @@
 """bindjax.train: config validation, schedule, per-replica optimiser, purity and learning."""
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -8,21 +7,24 @@ import numpy as np
 import optax
 import pytest
 
-from bindjax import checkpoint
-from bindjax import files
+from bindjax import cli
+from bindjax import extract
 from bindjax import objectives
+from bindjax import results
 from bindjax import scenes
+from bindjax import sweep
 from bindjax import train
 from bindjax import xla_options
+from bindjax.commands import flags
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "experiments"))
-import train as train_presets  # noqa: E402  (experiments/train.py)
+PRESETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "experiments", "train.py")
 
 
 def _tiny_config(**overrides):
-  """experiments/train.py:tiny, with dotted-path overrides."""
-  c = train_presets.get_config("tiny")
+  """experiments/train.py:tiny (loaded as --config loads it), with dotted-path overrides."""
+  c = flags.load_config(f"{PRESETS}:tiny")
+  c.unlock()
   c.update_from_flattened_dict(overrides)
   return c
 
@@ -200,35 +202,78 @@ def test_tiny_model_learns_and_coverage_one_reports_training_objects(tmp_path):
   studies/tiny_binding_{probe,readout}.py (results in studies/results/tiny_binding/).
   """
   config = _tiny_config()
-  final = train.run_training(config, tmp_path, progress=False, log=lambda *a: None)
-  assert final["step"] == 300
+  final = sweep.run_single(config, tmp_path, progress=False, log=lambda *a: None)
+  assert final["step"] == 300 and not final["diverged"]
   assert final["heldout/uses_training_objects"] == 1.0      # no held-out set at coverage 1
   assert final["heldout/object_active_fraction"] > 0.9      # scenes of training objects
   assert final["train/concept_accuracy"] > 0.9
   assert final["train/object_accuracy_1obj"] > 0.9
   assert final["train/object_accuracy"] > 0.7               # ~0.8: see the docstring
-  rows = files.read_jsonl(tmp_path / train.METRICS_FILE)
+  rows = results.read_rows(tmp_path)
   assert [r["step"] for r in rows] == [100, 200, 300]
-  assert "heldout/object_accuracy" not in rows[0] and rows[-1] == final   # eval every 300
+  assert [r["kind"] for r in rows] == ["train", "train", "eval"]   # eval every 300
+  assert dict(rows[-1], diverged=False) == final
   assert rows[-1]["loss"] < rows[0]["loss"]
 
   # The trained parameters: 2-object scenes are right whenever binding is not needed, and the
   # ambiguous ones are right up to binding (positives above every non-cross negative).
+  trained = extract.load_workdir(tmp_path, "latest")
+  assert trained.step == 300
   spec = train.RunSpec.from_config(config)
   hyper, _ = train.hyper_from_config(config, spec)
-  with checkpoint.Checkpoints(tmp_path / train.CHECKPOINT_DIR) as ckpt:
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                            jax.eval_shape(lambda h: train.init(h.key, spec, h), hyper))
-    step, state, _ = ckpt.restore(abstract)
-  assert step == 300
-  by_kind = _two_object_accuracy_by_kind(state.params, spec, hyper, jax.random.key(1))
+  by_kind = _two_object_accuracy_by_kind(trained.params, spec, hyper, jax.random.key(1))
   assert by_kind["share"] > 0.95, by_kind
   assert by_kind["ambiguous_bag"] > 0.95, by_kind
 
 
+def test_finished_run_is_reported_and_left_alone(tmp_path):
+  config = _tiny_config(num_steps=4, **{"eval.every": 2, "log_every": 2,
+                                        "checkpoint.every": 2})
+  first = sweep.run_single(config, tmp_path, progress=False, log=lambda *a: None)
+  before = {p: os.path.getmtime(os.path.join(d, p)) for d, _, names in os.walk(tmp_path)
+            for p in names}
+  logged = []
+  again = sweep.run_single(config, tmp_path, progress=False, log=logged.append)
+  assert again == first and any("is finished" in line for line in logged)
+  assert before == {p: os.path.getmtime(os.path.join(d, p)) for d, _, names in os.walk(tmp_path)
+                    for p in names}
+
+
+def test_non_finite_run_stops_and_the_command_exits_1(tmp_path, capsys):
+  config = _tiny_config(num_steps=6, **{"optimizer.learning_rate": 1e38,
+                                        "optimizer.warmup_fraction": 0.0, "eval.every": 3,
+                                        "log_every": 1, "checkpoint.every": 3})
+  final = sweep.run_single(config, tmp_path / "lib", progress=False, log=lambda *a: None)
+  assert final["diverged"] and final["diverged_step"] == 1
+  rows = results.read_rows(tmp_path / "lib")
+  assert [r["kind"] for r in rows] == ["diverged"]   # stopped at once, not trained to the end
+  assert extract.load_workdir(tmp_path / "lib", "latest").step == 0   # the last finite state
+  with pytest.raises(SystemExit) as e:
+    cli.main(["train", f"--config={PRESETS}:tiny", f"--workdir={tmp_path / 'cli'}",
+              "--config.num_steps=6", "--config.optimizer.learning_rate=1e38",
+              "--config.optimizer.warmup_fraction=0.0", "--config.eval.every=3",
+              "--noprogress"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 1 and err[-1].startswith("bindjax train: the run diverged")
+
+
 def test_workdir_of_a_different_run_is_refused(tmp_path):
-  files.write_json(tmp_path / train.CONFIG_FILE, train._config_dict(_tiny_config(seed=1)),
-                   sort_keys=True)
-  with pytest.raises(ValueError, match=r"different config \(seed: 1 -> 0\)"):
-    train.run_training(_tiny_config(), tmp_path, progress=False, log=lambda *a: None)
+  sweep.run_single(_tiny_config(seed=1, num_steps=2, **{"eval.every": 2, "log_every": 2,
+                                                        "checkpoint.every": 2}),
+                   tmp_path, progress=False, log=lambda *a: None)
+  with pytest.raises(ValueError, match=r"different config \(.*seed: 1 -> 0"):
+    sweep.run_single(_tiny_config(num_steps=2, **{"eval.every": 2, "log_every": 2,
+                                                  "checkpoint.every": 2}),
+                     tmp_path, progress=False, log=lambda *a: None)
+
+
+def test_single_run_config_is_a_one_replica_grid():
+  config = _tiny_config(coverage=0.5, seed=3)
+  replicas, buckets = sweep.expand_grid(sweep.single_run_config(config))
+  (replica,) = replicas
+  assert (replica.coverage, replica.seed, replica.space_size) == (0.5, 3, 16)
+  hyper, split = train.hyper_from_config(config, train.RunSpec.from_config(config))
+  np.testing.assert_array_equal(buckets[0].hypers[0].permutation_O, hyper.permutation_O)
+  assert buckets[0].splits[0].num_train == split.num_train
+  with pytest.raises(ValueError, match="config.grid is set"):
+    sweep.single_run_config(sweep.single_run_config(config))

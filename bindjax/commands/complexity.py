@@ -19,28 +19,27 @@ embedding width, 0 = D); probes (auto | stored | fit), probes_file (a probes.npz
 probe`), probe_steps, probe_similarity; chunk_size (auto | none | n models at once),
 memory_bytes; trees, tree_models, tree_estimators; description_length (on/off),
 dl_block_fractions (block boundaries as fractions of the objects), dl_restarts (fits per block
-and learning rate), dl_precision (coding precision relative to the embeddings' scale); overwrite.
+and learning rate), dl_precision (coding precision relative to the embeddings' scale). A
+non-empty DIR is refused unless --overwrite.
 
 In the original code: "sum+product" is sum_product; it reports one run and the final
 evaluation, which results.csv has as final_* beside the best over evaluations (best_*).
 """
-import sys
-
 from absl import flags
 
 from bindjax.commands import flags as flags_lib
 
 
 def main(argv):
-  """Runs the command; returns the exit code."""
+  """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
   fv = flags_lib.new_flag_values(config_help="complexity config (experiments/complexity.py:ARG)")
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
+  flags_lib.define_overwrite(fv)
   flags_lib.parse(fv, argv, required=("config", "workdir"), description=__doc__)
+  prog, workdir = argv[0], fv["workdir"].value
+  flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
   from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
-  try:
-    analysis.run(fv["config"].value, fv["workdir"].value, progress=fv["progress"].value)
-  except (ValueError, FileExistsError) as e:
-    print(f"{argv[0]}: {e}", file=sys.stderr)
-    return 1
-  print(f"wrote {fv['workdir'].value}/results.csv, summary.csv, results.json and complexity.png")
+  with flags_lib.run_errors(prog):
+    analysis.run(fv["config"].value, workdir, progress=fv["progress"].value)
+  print(f"wrote {workdir}/results.csv, summary.csv, results.json and complexity.png")
   return 0

@@ -5,40 +5,30 @@ slot) and a concept model (one per concept value and slot), fitted and in closed
 estimates from the banks (obj-avg = the original's position-independent bank, pos-avg = its
 position-dependent bank, single-object); and the subtraction suite: linear probes fitted on the
 embeddings, on the embeddings minus each model's reconstruction and minus permuted controls.
-Writes OUT/decomposition.json; nothing is written when the input is rejected. The suite fits its
+Writes OUT/decomposition.json; a non-empty OUT is refused unless --overwrite, and nothing is
+written when a flag, the config or the input is rejected. The suite fits its
 probes on the subtracted embeddings, so it cannot take a probes file.
 
 Config fields: decomposition.steps, learning_rate, weight_decay, batch_size, train_fraction,
 seed, banks, control_seed, tie_tolerance, subtract (least_squares | fit); obj_avg_counting
 (occurrences as the original, or scenes); probe.* (the suite's probes).
 """
-import os
-import sys
-
+from bindjax.commands import flags as flags_lib
 from bindjax.commands import geometry_flags
 
 
 def main(argv):
-  """Runs the command; returns the exit code."""
+  """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
   fv = geometry_flags.new_flag_values()
   geometry_flags.parse(fv, argv, __doc__)
-  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
-  from bindjax.geometry import common  # pylint: disable=g-import-not-at-top
+  prog, workdir = argv[0], fv["workdir"].value
+  flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
+  from bindjax.geometry import analysis  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
-  from bindjax.geometry import decomposition  # pylint: disable=g-import-not-at-top
-  workdir, overwrite = fv["workdir"].value, fv["overwrite"].value
-  try:
-    common.refuse_existing([os.path.join(workdir, decomposition.RESULTS_FILE)], overwrite)
+  with flags_lib.usage_errors(prog):
     cfg = config_lib.from_flags(fv)
-    settings = config_lib.decomposition_config(cfg)
-    embedding_set = embeddings.read_embeddings(fv["embeddings"].value)
-    results = decomposition.run_decomposition(embedding_set, settings)
-    results["dataset"], results["model"] = config_lib.run_labels(cfg, embedding_set,
-                                                                 fv["embeddings"].value)
-    path = decomposition.write_decomposition(workdir, results, overwrite=overwrite)
-  except ValueError as e:
-    print(f"{argv[0]}: {e}", file=sys.stderr)
-    return 1
+  with flags_lib.run_errors(prog):
+    results, path = analysis.decompose(cfg, fv["embeddings"].value, workdir)
   fits = results["fits"]
   print(f"{path}: R² object model {fits['object']['r2_all']:.4f}, concept model "
         f"{fits['concept']['r2_all']:.4f}; " + ", ".join(

@@ -1,8 +1,10 @@
-"""`bindjax extract --workdir=RUN --objects=all|train|held-out [--out=DIR]` (docs/extraction.md).
+"""`bindjax extract --workdir=RUN [--replica=N] --objects=all|train|held-out [--out=DIR]`.
 
-Turns a trained dual encoder into an embedding set (native format) with concept and object
+Turns a trained dual encoder (docs/extraction.md) into an embedding set (native format) with concept and object
 probe vectors, readable by `bindjax probe`, `complexity`, `decompose`, `interventions`, `mds`.
-Default output: RUN/embeddings_<objects>. An original PyTorch checkpoint works too:
+RUN is a `bindjax train` workdir or a `bindjax sweep` workdir, whose replica N (its index in
+RUN/replicas.json) is extracted. Default output: RUN/embeddings_<objects> (of a sweep:
+RUN/embeddings_<objects>_replica<N>). An original PyTorch checkpoint works too:
 `bindjax extract --checkpoint=FILE.pt --out=DIR [--split=object_split_seed0_frac0.8000.npz]`.
 """
 import os
@@ -17,8 +19,10 @@ def main(argv):
   fv = flags_lib.new_flag_values(with_config=False)
   flags.DEFINE_enum("objects", "all", ["all", "train", "held-out"], "objects whose ordered pairs "
                     "are embedded", flag_values=fv)
-  flags.DEFINE_enum("which", "best", ["best", "latest"], "checkpoint of a bindjax workdir",
-                    flag_values=fv)
+  flags.DEFINE_enum("which", "best", ["best", "latest"], "parameters of a bindjax workdir: "
+                    "at the best held-out object accuracy, or the latest", flag_values=fv)
+  flags.DEFINE_integer("replica", None, "replica of a sweep workdir (index in replicas.json); "
+                       "not needed for a single run", lower_bound=0, flag_values=fv)
   flags.DEFINE_string("checkpoint", None, "original PyTorch checkpoint file (instead of "
                       "--workdir)", flag_values=fv)
   flags.DEFINE_list("values_per_concept", None, "V_c per concept for --checkpoint (default: "
@@ -42,7 +46,9 @@ def main(argv):
   if out is None:
     if workdir is None:
       raise flags_lib.UsageError(f"{prog}: --out is required with --checkpoint")
-    out = os.path.join(workdir, f"embeddings_{fv['objects'].value}")
+    replica = fv["replica"].value
+    out = os.path.join(workdir, f"embeddings_{fv['objects'].value}"
+                       + ("" if replica is None else f"_replica{replica}"))
   flags_lib.check_output_dir(prog, "out", out, fv["overwrite"].value)
   values = fv["values_per_concept"].value
   with flags_lib.usage_errors(prog):
@@ -53,7 +59,7 @@ def main(argv):
   from bindjax import extract  # pylint: disable=g-import-not-at-top
   with flags_lib.input_errors(prog):
     if workdir is not None:
-      trained = extract.load_workdir(workdir, fv["which"].value)
+      trained = extract.load_workdir(workdir, fv["which"].value, fv["replica"].value)
     else:
       trained = extract.load_reference(checkpoint, values, fv["split"].value)
   with flags_lib.usage_errors(prog):   # e.g. --objects=train without a split

@@ -22,6 +22,8 @@ import textwrap
 from absl import flags
 from ml_collections import config_flags
 
+from bindjax import errors
+
 USAGE_ERROR = 2
 INPUT_ERROR = 1
 
@@ -57,6 +59,18 @@ def usage_errors(prog):
     yield
   except ValueError as e:
     raise UsageError(f"{prog}: {e}") from None
+
+
+@contextlib.contextmanager
+def run_errors(prog):
+  """For a library run that reads data and settings: a ConfigError becomes a UsageError, any
+  other ValueError or OSError an InputError."""
+  try:
+    yield
+  except errors.ConfigError as e:
+    raise UsageError(f"{prog}: {e}") from None
+  except (ValueError, OSError) as e:
+    raise InputError(f"{prog}: {e}") from None
 
 
 @contextlib.contextmanager

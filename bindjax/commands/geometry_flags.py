@@ -13,7 +13,7 @@ def new_flag_values():
                                  "default: paper settings)")
   flags.DEFINE_string("embeddings", None, "embedding set: native directory, reference folder "
                       "or TFDS dataset", flag_values=fv)
-  flags.DEFINE_bool("overwrite", False, "replace existing results in --workdir", flag_values=fv)
+  flags_lib.define_overwrite(fv)
   return fv
 
 

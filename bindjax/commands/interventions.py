@@ -6,43 +6,31 @@ check that the nearest scene is the scene that really holds the recoloured objec
 vectors come from a bank: obj-avg (the mean of the scenes holding the object; the original's
 position-independent bank, averaged over slot occurrences), pos-avg (the mean per slot; the
 original's position-dependent bank) or single-object scenes. Writes
-OUT/interventions_summary.json and OUT/interventions_cases.jsonl; nothing is written when the
-input is rejected.
+OUT/interventions_summary.json and OUT/interventions_cases.jsonl; a non-empty OUT is refused
+unless --overwrite, and nothing is written when a flag, the config or the input is rejected.
 
-Config fields: interventions.banks (auto or a comma list), interventions.strengths (comma list
-of k), interventions.attribute_concept / shape_concept, interventions.seed, target_draws, pool,
+Config fields: interventions.banks (a tuple of bank names; empty: every bank the set supports),
+interventions.strengths (a tuple of k), interventions.attribute_concept / shape_concept, interventions.seed, target_draws, pool,
 tie_tolerance, interventions.probes (auto | stored | fit | none: probe vectors that also score
 the edited embeddings), interventions.probes_file (a probes.npz of `bindjax probe`, instead of
 fitting), obj_avg_counting (occurrences as the original, or scenes), probe.* (probe fitting).
 """
-import os
-import sys
-
+from bindjax.commands import flags as flags_lib
 from bindjax.commands import geometry_flags
 
 
 def main(argv):
-  """Runs the command; returns the exit code."""
+  """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
   fv = geometry_flags.new_flag_values()
   geometry_flags.parse(fv, argv, __doc__)
-  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
-  from bindjax.geometry import common  # pylint: disable=g-import-not-at-top
+  prog, workdir = argv[0], fv["workdir"].value
+  flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
+  from bindjax.geometry import analysis  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
-  from bindjax.geometry import interventions  # pylint: disable=g-import-not-at-top
-  workdir, overwrite = fv["workdir"].value, fv["overwrite"].value
-  try:
-    common.refuse_existing([os.path.join(workdir, interventions.SUMMARY_FILE),
-                            os.path.join(workdir, interventions.CASES_FILE)], overwrite)
+  with flags_lib.usage_errors(prog):
     cfg = config_lib.from_flags(fv)
-    settings = config_lib.intervention_config(cfg)
-    embedding_set = embeddings.read_embeddings(fv["embeddings"].value)
-    summary, rows = interventions.run_interventions(embedding_set, settings)
-    summary["dataset"], summary["model"] = config_lib.run_labels(cfg, embedding_set,
-                                                                 fv["embeddings"].value)
-    interventions.write_interventions(workdir, summary, rows, overwrite=overwrite)
-  except ValueError as e:
-    print(f"{argv[0]}: {e}", file=sys.stderr)
-    return 1
+  with flags_lib.run_errors(prog):
+    summary = analysis.intervene(cfg, fv["embeddings"].value, workdir)
   print(f"{workdir}: {summary['num_cases']} cases from "
         f"{summary['num_scenes_with_different_shapes']} scenes with two different shapes")
   for bank, result in summary["results"].items():

@@ -1,4 +1,4 @@
-"""`bindjax probe --embeddings=DIR [--workdir=OUT] [--steps=10000] [--similarity=dot|cosine]`.
+"""`bindjax probe --embeddings=DIR --workdir=OUT [--steps=10000] [--similarity=dot|cosine]`.
 
 Fits linear probes on frozen embeddings (docs/probes.md): one bias-free linear map per concept
 and one for the object identity, trained together (summed soft cross-entropy, Adam with a cosine
@@ -6,47 +6,41 @@ decay, full batch) on a random split of the scenes (--train_fraction, torch-comp
 from --seed, as the original code splits). DIR is a native embedding set, a TFDS-built one or a
 folder written by the original code. Writes OUT/probes.npz (arrays concept_0, concept_1, …,
 object; rows are classes) and OUT/probe_metrics.json (train and test concept and object
-accuracy, losses). OUT defaults to DIR. `bindjax complexity` and `bindjax interventions` take
-the probes.npz as `probes_file`, so the probes are fitted once.
+accuracy, losses); a non-empty OUT is refused unless --overwrite. `bindjax complexity` and
+`bindjax interventions` take the probes.npz as `probes_file`, so the probes are fitted once.
 """
-import os
-import sys
-
 from absl import flags
 
 from bindjax.commands import flags as flags_lib
 
 
 def main(argv):
-  """Runs the command; returns the exit code."""
+  """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
+  from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
+  defaults = linear.ProbeConfig()
   fv = flags_lib.new_flag_values(with_config=False, with_workdir=True)
   flags.DEFINE_string("embeddings", None, "embedding set directory (native or original layout)",
                       flag_values=fv)
-  flags.DEFINE_integer("steps", 10_000, "Adam steps (full batch)", flag_values=fv)
-  flags.DEFINE_float("learning_rate", 1e-2, "Adam learning rate (cosine decay to 0)",
-                     flag_values=fv)
-  flags.DEFINE_enum("similarity", "dot", ["dot", "cosine"], "probe logits", flag_values=fv)
-  flags.DEFINE_float("train_fraction", 0.4, "fraction of scenes for training", flag_values=fv)
-  flags.DEFINE_integer("seed", 0, "split (torch-compatible randperm) and init seed",
+  flags.DEFINE_integer("steps", defaults.steps, "Adam steps (full batch)", flag_values=fv)
+  flags.DEFINE_float("learning_rate", defaults.learning_rate,
+                     "Adam learning rate (cosine decay to 0)", flag_values=fv)
+  flags.DEFINE_enum("similarity", defaults.similarity, list(linear.SIMILARITIES),
+                    "probe logits", flag_values=fv)
+  flags.DEFINE_float("train_fraction", defaults.train_fraction,
+                     "fraction of scenes for training", flag_values=fv)
+  flags.DEFINE_integer("seed", defaults.seed, "split (torch-compatible randperm) and init seed",
                        flag_values=fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
-  flags_lib.parse(fv, argv, required=("embeddings",), description=__doc__)
-  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
-  from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
-  directory = fv["embeddings"].value
-  workdir = fv["workdir"].value or directory
-  try:
-    config = linear.ProbeConfig(steps=fv["steps"].value, learning_rate=fv["learning_rate"].value,
-                                similarity=fv["similarity"].value,
-                                train_fraction=fv["train_fraction"].value,
-                                seed=fv["seed"].value).validate()
-    embedding_set = embeddings.read_embeddings(directory)
-  except ValueError as e:
-    print(f"{argv[0]}: {e}", file=sys.stderr)
-    return 1
-  probes, metrics = linear.run_probes(embedding_set, config, progress=fv["progress"].value)
-  metrics["embeddings"] = os.path.abspath(directory)
-  probes_path, metrics_path = linear.write_probes(probes, metrics, workdir)
+  flags_lib.define_overwrite(fv)
+  flags_lib.parse(fv, argv, required=("embeddings", "workdir"), description=__doc__)
+  prog, workdir, directory = argv[0], fv["workdir"].value, fv["embeddings"].value
+  flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
+  config = linear.ProbeConfig(steps=fv["steps"].value, learning_rate=fv["learning_rate"].value,
+                              similarity=fv["similarity"].value,
+                              train_fraction=fv["train_fraction"].value, seed=fv["seed"].value)
+  with flags_lib.run_errors(prog):
+    metrics, probes_path, metrics_path = linear.run(config, directory, workdir,
+                                                    progress=fv["progress"].value)
   for split in ("train", "test"):
     m = metrics[split]
     print(f"{split}: concept acc {m['concept_acc']:.3f}  object acc {m['object_acc']:.3f}  "

@@ -1,7 +1,17 @@
-"""`bindjax report --workdir=DIR [--step=best|final]`: phase-transition figure and ρ* table."""
+"""`bindjax report --workdir=DIR [--step=best|final] [--metric=accuracy|binding] [--out=OUT]`.
+
+The phase-transition figure and ρ* table of a sweep (docs/training.md#sweeps): one evaluation
+per replica (best held-out object accuracy, or the last), averaged over seeds, with a logistic
+fit of held-out accuracy against coverage per series. Writes OUT (default DIR/report):
+phase_transition.png/.pdf, critical_coverage.md/.json, points.json; a non-empty OUT is refused
+unless --overwrite.
+"""
+import os
+
 from absl import flags
 
 from bindjax import report
+from bindjax import results
 from bindjax.commands import flags as bj_flags
 
 
@@ -17,13 +27,17 @@ def main(argv):
                     "held-out figure ρ* is read from: set-separation accuracy on max-object "
                     "scenes, or the binding figure", flag_values=fv)
   flags.DEFINE_string("out", None, "output directory (default WORKDIR/report)", flag_values=fv)
-  bj_flags.parse(fv, argv, required=("workdir",))
-  try:
-    summary = report.make_report(fv["workdir"].value, step=fv["step"].value,
-                                 num_bootstrap=fv["bootstrap"].value, out_dir=fv["out"].value,
+  bj_flags.define_overwrite(fv)
+  bj_flags.parse(fv, argv, required=("workdir",), description=__doc__)
+  prog, workdir = argv[0], fv["workdir"].value
+  out = fv["out"].value or os.path.join(workdir, results.REPORT_DIR)
+  if fv["bootstrap"].value < 1:
+    raise bj_flags.UsageError(f"{prog}: --bootstrap={fv['bootstrap'].value}: expected >= 1")
+  bj_flags.check_output_dir(prog, "out", out, fv["overwrite"].value)
+  with bj_flags.input_errors(prog):
+    summary = report.make_report(workdir, step=fv["step"].value,
+                                 num_bootstrap=fv["bootstrap"].value, out_dir=out,
                                  metric=fv["metric"].value)
-  except ValueError as e:
-    raise bj_flags.UsageError(f"{argv[0]}: {e}") from None
   for row in summary["critical_coverage"]:
     rho = "–" if row["rho_star"] is None else f"{row['rho_star']:.3f}"
     print(f"{row['label']}: rho* = {rho} ({row['status']}, {row['num_seeds']} seeds)")

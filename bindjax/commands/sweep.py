@@ -1,7 +1,10 @@
 """`bindjax sweep --config=experiments/coverage_sweep.py:ARG --workdir=DIR`: run a coverage sweep.
 
-Multi-host: on TPU pods and SLURM jobs jax.distributed starts by itself; elsewhere pass
---coordinator_address, --num_processes and --process_id (the same command on every host).
+Resumes from each bucket's latest checkpoint when DIR holds this sweep (same config); a DIR
+holding a different config, or files that are not a bindjax run, is refused unless --overwrite.
+A finished DIR is reported and left alone. Multi-host: on TPU pods and SLURM jobs
+jax.distributed starts by itself; elsewhere pass --coordinator_address, --num_processes and
+--process_id (the same command on every host).
 """
 from absl import flags
 
@@ -9,34 +12,43 @@ from bindjax import parallel
 from bindjax.commands import flags as bj_flags
 
 
-def main(argv):
-  """Runs or resumes the sweep; a finished workdir is reported and left alone. Returns 0."""
+def run(argv, *, single, description):
+  """Parses the flags of `bindjax sweep` (single=False) or `bindjax train` (single=True) and
+  runs the loop; returns (flag values, the run's result)."""
   fv = bj_flags.new_flag_values()
-  flags.DEFINE_bool("overwrite", False, "delete a previous sweep's outputs in --workdir and run "
-                    "again", flag_values=fv)
-  flags.DEFINE_bool("force", False, "alias of --overwrite", flag_values=fv)
+  bj_flags.define_overwrite(fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
-  flags.DEFINE_bool("report", True, "write the phase-transition report when the sweep ends",
-                    flag_values=fv)
+  if not single:
+    flags.DEFINE_bool("report", True, "write the phase-transition report when the sweep ends",
+                      flag_values=fv)
   flags.DEFINE_string("coordinator_address", None, "multi-host: host:port of process 0",
                       flag_values=fv)
   flags.DEFINE_integer("num_processes", None, "multi-host: number of processes", flag_values=fv)
   flags.DEFINE_integer("process_id", None, "multi-host: this process's index", flag_values=fv)
-  bj_flags.parse(fv, argv, required=("config", "workdir"))
-  # Before anything touches the devices.
-  from bindjax import sweep
-  parallel.use_cpu_cores_as_devices(
-      int(sweep.sweep_setting(fv["config"].value, "cpu_devices", -1)))
+  bj_flags.parse(fv, argv, required=("config", "workdir"), description=description)
+  config = fv["config"].value
+  prog = argv[0]
+  with bj_flags.usage_errors(prog):
+    if "sweep" not in config or "cpu_devices" not in config.sweep:
+      raise ValueError("config.sweep.cpu_devices is missing: expected a config built on "
+                       "bindjax.train.default_config()")
+    # Before anything touches the devices.
+    parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
   parallel.maybe_initialize_distributed(fv["coordinator_address"].value,
                                         fv["num_processes"].value, fv["process_id"].value)
-  from bindjax import report
-  try:
-    sweep.run_sweep(fv["config"].value, fv["workdir"].value,
-                    overwrite=fv["overwrite"].value or fv["force"].value,
-                    progress=fv["progress"].value)
-  except ValueError as e:
-    raise bj_flags.UsageError(f"{argv[0]}: {e}") from None
+  from bindjax import sweep  # pylint: disable=g-import-not-at-top
+  loop = sweep.run_single if single else sweep.run_sweep
+  with bj_flags.usage_errors(prog):
+    result = loop(config, fv["workdir"].value, overwrite=fv["overwrite"].value,
+                  progress=fv["progress"].value)
+  return fv, result
+
+
+def main(argv):
+  """Runs or resumes the sweep, then writes its report. Returns 0."""
+  fv, _ = run(argv, single=False, description=__doc__)
   if fv["report"].value and parallel.is_writer():
+    from bindjax import report  # pylint: disable=g-import-not-at-top
     try:
       summary = report.make_report(fv["workdir"].value, num_bootstrap=200)
       print("report:", ", ".join(summary["figures"]))

@@ -1,7 +1,10 @@
 """`bindjax train --config=experiments/train.py:PRESET --workdir=DIR`: train one dual encoder.
 
-Resumes from the latest checkpoint when DIR already holds this run (same config); a DIR holding a
-different run is refused. Examples:
+The run is a sweep of one replica (docs/training.md): DIR has a sweep's layout and
+`bindjax extract --workdir=DIR` reads it. Resumes from the latest checkpoint when DIR already
+holds this run (same config); a DIR holding a different run, or files that are not a bindjax
+run, is refused unless --overwrite. Prints the final evaluation as JSON; exits 1 when the run
+diverged (non-finite loss or parameters). Examples:
 
   bindjax train --config=experiments/train.py:smoke --workdir=/tmp/bindjax_train_smoke
   bindjax train --config=experiments/train.py:cpu --workdir=runs/train_cpu
@@ -10,23 +13,19 @@ different run is refused. Examples:
 """
 import json
 
-from absl import flags
-
 from bindjax.commands import flags as bj_flags
+from bindjax.commands import sweep as sweep_command
+
+SHOWN = ("step", "loss", "heldout/object_accuracy", "heldout/concept_accuracy",
+         "train/object_accuracy", "train/concept_accuracy", "heldout/uses_training_objects")
 
 
 def main(argv):
   """Runs (or resumes) the training run; prints the final metrics as JSON. Returns 0."""
-  fv = bj_flags.new_flag_values()
-  flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
-  bj_flags.parse(fv, argv, required=("config", "workdir"))
-  from bindjax import train
-  try:
-    final = train.run_training(fv["config"].value, fv["workdir"].value,
-                               progress=fv["progress"].value)
-  except ValueError as e:
-    raise bj_flags.UsageError(f"{argv[0]}: {e}") from None
-  keys = ("step", "loss", "heldout/object_accuracy", "heldout/concept_accuracy",
-          "train/object_accuracy", "train/concept_accuracy", "heldout/uses_training_objects")
-  print(json.dumps({k: final[k] for k in keys if final and k in final}, sort_keys=True))
+  _, final = sweep_command.run(argv, single=True, description=__doc__)
+  if final.get("diverged"):
+    raise bj_flags.InputError(f"{argv[0]}: the run diverged: the update of step "
+                              f"{final['diverged_step']} was non-finite; its last finite state "
+                              "is checkpointed")
+  print(json.dumps({k: final[k] for k in SHOWN if k in final}, sort_keys=True))
   return 0

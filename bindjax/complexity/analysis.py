@@ -14,8 +14,11 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
+from bindjax import config_values
 from bindjax import embeddings
+from bindjax import errors
 from bindjax import files
+from bindjax import parallel
 from bindjax import progress as progress_lib
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import description_length
@@ -60,21 +63,6 @@ def frozen_probes(embedding_set, source="auto", probe_config=None, progress=Fals
   return weights, f"fit on all {n} scenes, {probe_config.steps} steps"
 
 
-def resolve_chunk(value):
-  """The config's chunk_size: "auto", None (for "none") or a positive int."""
-  if value in (None, "none", "None", ""):
-    return None
-  if value == "auto":
-    return "auto"
-  try:
-    chunk = int(value)
-  except (TypeError, ValueError):
-    raise ValueError(f"chunk_size={value!r}: expected 'auto', 'none' or an integer") from None
-  if chunk < 1:
-    raise ValueError(f"chunk_size={value!r}: expected ≥ 1")
-  return chunk
-
-
 def fit_config_from(config):
   """FitConfig of a complexity ConfigDict (ValueError naming a bad field)."""
   return fitting.FitConfig(steps=int(config.steps), eval_every=int(config.eval_every),
@@ -105,7 +93,7 @@ def run_description_length(models, data, probes, config, fit_config, code_config
   try:
     rows = description_length.measure(
         models, data, config.seeds, config.learning_rates, code_config, fit_config, probes,
-        chunk_size=resolve_chunk(config.chunk_size), memory_bytes=int(config.memory_bytes) or None,
+        chunk_size=parallel.chunk_setting(config.chunk_size), memory_bytes=int(config.memory_bytes) or None,
         on_eval=on_eval)
   finally:
     bar.close()
@@ -125,18 +113,22 @@ def run_description_length(models, data, probes, config, fit_config, code_config
 
 
 def run(config, workdir, embedding_set=None, log=print, progress=True):
-  """The `bindjax complexity` flow; writes the result files and returns the fit rows."""
+  """The `bindjax complexity` flow; writes the result files and returns the fit rows.
+
+  A bad config value raises errors.ConfigError (before any fit); bad input data ValueError (docs/cli.md).
+  Replaces earlier results in `workdir` (the command refuses a non-empty one first).
+  """
   results_path = os.path.join(workdir, RESULTS_FILE)
-  if os.path.exists(results_path) and not config.get("overwrite", False):
-    raise FileExistsError(f"{results_path} exists; set --config.overwrite=True to replace it")
+  with errors.config_errors():
+    fit_config = fit_config_from(config)
+    chunk_size = parallel.chunk_setting(config.chunk_size)
+    code_config = code_config_from(config) if config.get("description_length") else None
   if embedding_set is None:
     embedding_set = embeddings.read_embeddings(config.embeddings)
   vpc = tuple(embedding_set.values_per_concept)
-  fit_config = fit_config_from(config)
-  models = families.parse_models(config.models, vpc, embedding_set.objects.shape[1],
-                                 embedding_set.embeddings.shape[1], int(config.embed_dim))
-  chunk_size = resolve_chunk(config.chunk_size)
-  code_config = code_config_from(config) if config.get("description_length") else None
+  with errors.config_errors():
+    models = families.parse_models(config.models, vpc, embedding_set.objects.shape[1],
+                                   embedding_set.embeddings.shape[1], int(config.embed_dim))
   start = time.perf_counter()
   if config.probes_file:
     probes, probe_source = linear.weights_from_file(config.probes_file, vpc), config.probes_file
@@ -153,8 +145,9 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
       if k in ("concept_acc", "object_acc")}
   log(f"probes ({probe_source}) on the real {data.num_scenes} K-object scenes: concept acc "
       f"{probe_check['concept_acc']:.3f}, object acc {probe_check['object_acc']:.3f}")
-  entries = fitting.grid_entries(models, config.train_fractions, config.seeds,
-                                 config.learning_rates)
+  with errors.config_errors():
+    entries = fitting.grid_entries(models, config.train_fractions, config.seeds,
+                                   config.learning_rates)
   start = time.perf_counter()
   bar, on_eval = progress_lib.loss_bar(len(entries) * fitting.eval_steps(fit_config)[-1],
                                    "model-step", progress)
@@ -166,7 +159,7 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
     bar.close()
   grid_s = time.perf_counter() - start
   if config.trees:
-    for kind in [k.strip() for k in config.tree_models.split(",") if k.strip()]:
+    for kind in config_values.names(config.tree_models, "tree_models"):
       fractions = [f for f in config.train_fractions for _ in config.seeds]
       seeds = [s for _ in config.train_fractions for s in config.seeds]
       rows += trees.fit_trees(kind, data, probes, fractions, seeds, int(config.tree_estimators))

@@ -22,6 +22,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from bindjax import config_values
+
 FAMILIES = ("mlp", "additive", "product", "sum_product", "per_object_product",
             "per_object_sum_product")
 # Families with a second set of slot tables (the additive part) and with an optional learned W.
@@ -162,13 +164,14 @@ def make(family, values_per_concept, max_objects, out_dim, widths=(), embed_dim=
 
 
 def parse_models(spec, values_per_concept, max_objects, out_dim, embed_dim=0):
-  """Approximators from a comma list such as "mlp:1024,mlp:512x512,additive,product:W".
+  """Approximators from a tuple of names (or a comma list) such as
+  ("mlp:1024", "mlp:512x512", "additive", "product:W").
 
   Items: mlp:W1xW2.. (hidden widths), or a family name with an optional ":W" (learned W).
   Raises ValueError naming the bad item.
   """
   models = []
-  for item in [s.strip() for s in str(spec).split(",") if s.strip()]:
+  for item in config_values.names(spec, "models"):
     family, _, option = item.partition(":")
     try:
       if family == "mlp":

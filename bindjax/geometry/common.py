@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 
+from bindjax import errors
+
 BANKS = ("obj-avg", "pos-avg", "single-object")
 # How obj-avg weighs a scene holding the same object twice: twice ("occurrences", the original
 # code's average over slot occurrences) or once ("scenes").
@@ -111,10 +113,10 @@ def check_banks(banks, index):
   """Validates bank names up front (so commands fail before writing anything)."""
   banks = tuple(banks)
   if not banks:
-    raise ValueError("banks: expected at least one of " + ", ".join(BANKS))
+    raise errors.ConfigError("banks: expected at least one of " + ", ".join(BANKS))
   for name in banks:
     if name not in BANKS:
-      raise ValueError(f"banks: unknown bank {name!r}; expected one of {BANKS}")
+      raise errors.ConfigError(f"banks: unknown bank {name!r}; expected one of {BANKS}")
     if name == "single-object" and not index.has_single_objects:
       raise ValueError("banks: 'single-object' requested but the embedding set has no "
                        "single-object scenes (num_objects == 1); drop it or use a set with them")

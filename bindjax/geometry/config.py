@@ -6,6 +6,7 @@ Presets: "paper" (the defaults of docs/geometry.md), "cpu" (same, fewer probe/fi
 """
 import ml_collections
 
+from bindjax import config_values
 from bindjax.geometry import decomposition
 from bindjax.geometry import interventions
 from bindjax.probes import linear
@@ -19,7 +20,7 @@ def get_config(preset="paper"):
     raise ValueError(f"geometry config preset {preset!r}: expected one of {PRESETS}")
   fit_steps, probe_steps = {"smoke": (200, 200), "cpu": (3000, 3000),
                             "paper": (10_000, 10_000)}[preset]
-  fit, probe = decomposition.FitConfig(), linear.ProbeConfig()
+  fit, probe = decomposition.AdditiveFitConfig(), linear.ProbeConfig()
   cfg = ml_collections.ConfigDict()
   cfg.preset = preset
   cfg.dataset_name = ""   # labels for interventions tables; default: provenance / folder name
@@ -28,36 +29,25 @@ def get_config(preset="paper"):
   cfg.decomposition = ml_collections.ConfigDict(dict(
       steps=fit_steps, learning_rate=fit.learning_rate, weight_decay=fit.weight_decay,
       batch_size=fit.batch_size, train_fraction=fit.train_fraction, seed=fit.seed,
-      banks="auto", control_seed=0, tie_tolerance=1e-6, subtract="least_squares"))
+      banks=(), control_seed=0, tie_tolerance=1e-6, subtract="least_squares"))
   cfg.probe = ml_collections.ConfigDict(dict(
       steps=probe_steps, learning_rate=probe.learning_rate, similarity=probe.similarity,
       train_fraction=probe.train_fraction, seed=probe.seed))
   iv = interventions.InterventionConfig()
   cfg.interventions = ml_collections.ConfigDict(dict(
-      banks="auto", strengths="1", attribute_concept=iv.attribute_concept,
+      banks=(), strengths=iv.strengths, attribute_concept=iv.attribute_concept,
       shape_concept=iv.shape_concept, seed=iv.seed, target_draws=iv.target_draws, pool=iv.pool,
       tie_tolerance=iv.tie_tolerance, probes=iv.probes, probes_file=iv.probes_file))
   cfg.mds = ml_collections.ConfigDict(dict(
-      quadruples="", bank="pos-avg", random_state=0, n_init=4, attribute_concept=0,
+      quadruples=(), bank="pos-avg", random_state=0, n_init=4, attribute_concept=0,
       shape_concept=1))
   return cfg
 
 
-def _banks(text):
-  text = str(text).strip()
-  if text in ("", "auto"):
-    return None
-  return tuple(b.strip() for b in text.split(",") if b.strip())
-
-
-def _floats(text, field):
-  try:
-    values = tuple(float(v) for v in str(text).split(",") if v.strip())
-  except ValueError:
-    raise ValueError(f"{field}={text!r}: expected comma-separated numbers") from None
-  if not values:
-    raise ValueError(f"{field}={text!r}: expected at least one number")
-  return values
+def _banks(value, field):
+  """None (every bank the set supports) for an empty tuple or "auto"; else the bank names."""
+  banks = config_values.names(value, field)
+  return None if banks in ((), ("auto",)) else banks
 
 
 def probe_config(cfg):
@@ -70,11 +60,12 @@ def probe_config(cfg):
 def decomposition_config(cfg):
   """DecompositionConfig from the ConfigDict (ValueError for bad fields)."""
   d = cfg.decomposition
-  fit = decomposition.FitConfig(steps=int(d.steps), learning_rate=float(d.learning_rate),
-                                weight_decay=float(d.weight_decay), batch_size=int(d.batch_size),
-                                train_fraction=float(d.train_fraction), seed=int(d.seed))
+  fit = decomposition.AdditiveFitConfig(
+      steps=int(d.steps), learning_rate=float(d.learning_rate),
+      weight_decay=float(d.weight_decay), batch_size=int(d.batch_size),
+      train_fraction=float(d.train_fraction), seed=int(d.seed))
   return decomposition.DecompositionConfig(
-      fit=fit.validate(), probe=probe_config(cfg), banks=_banks(d.banks),
+      fit=fit.validate(), probe=probe_config(cfg), banks=_banks(d.banks, "decomposition.banks"),
       control_seed=int(d.control_seed), tie_tolerance=float(d.tie_tolerance),
       subtract=str(d.subtract), obj_avg_counting=str(cfg.obj_avg_counting)).validate()
 
@@ -83,7 +74,8 @@ def intervention_config(cfg):
   """InterventionConfig from the ConfigDict (ValueError for bad fields)."""
   i = cfg.interventions
   return interventions.InterventionConfig(
-      banks=_banks(i.banks), strengths=_floats(i.strengths, "interventions.strengths"),
+      banks=_banks(i.banks, "interventions.banks"),
+      strengths=config_values.numbers(i.strengths, "interventions.strengths"),
       attribute_concept=int(i.attribute_concept), shape_concept=int(i.shape_concept),
       seed=int(i.seed), target_draws=str(i.target_draws), pool=str(i.pool),
       tie_tolerance=float(i.tie_tolerance), probes=str(i.probes), probe=probe_config(cfg),

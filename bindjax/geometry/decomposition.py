@@ -43,7 +43,7 @@ SUITE = ("base", "minus_concepts", "minus_objects", "minus_concepts_permuted",
 
 
 @dataclasses.dataclass(frozen=True)
-class FitConfig:
+class AdditiveFitConfig:
   """Additive-model fit (hashable: a jit static argument). Weight decay: torch AdamW's default."""
   steps: int = 10_000
   learning_rate: float = 1e-2
@@ -54,18 +54,19 @@ class FitConfig:
 
   def validate(self):
     if self.steps < 1 or self.batch_size < 1:
-      raise ValueError(f"FitConfig steps={self.steps}, batch_size={self.batch_size}: "
+      raise ValueError(f"AdditiveFitConfig steps={self.steps}, batch_size={self.batch_size}: "
                        "expected ≥ 1")
     if not 0 < self.train_fraction < 1:
-      raise ValueError(f"FitConfig.train_fraction={self.train_fraction}: expected in (0, 1)")
+      raise ValueError(f"AdditiveFitConfig.train_fraction={self.train_fraction}: expected in "
+                       "(0, 1)")
     if not self.learning_rate > 0:
-      raise ValueError(f"FitConfig.learning_rate={self.learning_rate}: expected > 0")
+      raise ValueError(f"AdditiveFitConfig.learning_rate={self.learning_rate}: expected > 0")
     return self
 
 
 @dataclasses.dataclass(frozen=True)
 class DecompositionConfig:
-  fit: FitConfig = FitConfig()
+  fit: AdditiveFitConfig = AdditiveFitConfig()
   probe: linear.ProbeConfig = linear.ProbeConfig()
   banks: tuple | None = None        # None: every bank the set supports
   control_seed: int = 0             # permutation of the controls

@@ -1,7 +1,8 @@
 """Synthetic embedding sets with a planted binding structure, for tests and sanity checks.
 
 Scenes: optionally every object alone (first), then every ordered pair of objects including
-identical ones, row-major over objects in value order (object index = Σ_c v_c Π_{c'>c} V_c').
+identical ones, row-major over objects in bindjax.world's id order (object index =
+Σ_c v_c Π_{c'<c} V_c', docs/world.md).
 Kinds of 2-object embeddings (a shared offset vector is added to every scene):
 - "position_dependent":   z = u_0[o1] + u_1[o2]        (object vectors per slot)
 - "position_independent": z = u[o1] + u[o2]            (the two orders of a scene coincide)
@@ -9,11 +10,10 @@ Kinds of 2-object embeddings (a shared offset vector is added to every scene):
 - "product":              z = u_0[o1] ⊙ u_1[o2]        (binding by elementwise product)
 Single-object scenes embed as the object's slot-0 vector (its concept sum for concept_additive).
 """
-import itertools
-
 import numpy as np
 
 from bindjax import embeddings
+from bindjax import world
 
 KINDS = ("position_dependent", "position_independent", "concept_additive", "product")
 
@@ -25,7 +25,7 @@ def planted_set(kind, values_per_concept=(4, 3), dim=32, noise=0.0, single_objec
     raise ValueError(f"planted kind {kind!r}: expected one of {KINDS}")
   rng = np.random.RandomState(seed)
   values_per_concept = tuple(int(v) for v in values_per_concept)
-  objects_UxC = np.array(list(itertools.product(*[range(v) for v in values_per_concept])))
+  objects_UxC = world.ObjectSpace(values_per_concept, 2).all_objects()
   num_u = len(objects_UxC)
   u_2xUxD = rng.normal(size=(2, num_u, dim))
   if kind == "position_independent":
@@ -34,7 +34,7 @@ def planted_set(kind, values_per_concept=(4, 3), dim=32, noise=0.0, single_objec
     tables = [rng.normal(size=(2, v, dim)) for v in values_per_concept]
     u_2xUxD = sum(t[:, objects_UxC[:, c]] for c, t in enumerate(tables))
   offset_D = offset_scale * rng.normal(size=dim)
-  pairs_Px2 = np.array(list(itertools.product(range(num_u), repeat=2)))
+  pairs_Px2 = np.stack(world.ordered_pairs(num_u), axis=1)
   if kind == "product":
     two_PxD = u_2xUxD[0, pairs_Px2[:, 0]] * u_2xUxD[1, pairs_Px2[:, 1]]
   else:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bindjax import errors
 from bindjax import files
 from bindjax import objectives
 from bindjax import progress as progress_lib
@@ -356,6 +357,21 @@ def write_probes(probes, metrics, workdir):
   files.write_atomic(probes_path, buffer.getvalue())
   files.write_json(metrics_path, files.to_jsonable(metrics), indent=1)
   return probes_path, metrics_path
+
+
+def run(config, embeddings_path, workdir, progress=True):
+  """`bindjax probe`: fits the probes of `config` on the set at `embeddings_path` and writes
+  workdir/probes.npz and probe_metrics.json. Returns (metrics, probes path, metrics path).
+
+  A bad setting raises errors.ConfigError before the set is read; unreadable input ValueError.
+  """
+  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
+  with errors.config_errors():
+    config = config.validate()
+  embedding_set = embeddings.read_embeddings(embeddings_path)
+  probes, metrics = run_probes(embedding_set, config, progress=progress)
+  metrics["embeddings"] = os.path.abspath(embeddings_path)
+  return (metrics,) + write_probes(probes, metrics, workdir)
 
 
 def read_probes_file(path):

@@ -148,13 +148,14 @@ def main():
   config = make_config(args)
   parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
   import jax
+  from bindjax import results
   from bindjax import sweep
 
   load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
   t0 = time.perf_counter()
   done = sweep.run_sweep(config, args.workdir, overwrite=True, progress=True)
   wall = time.perf_counter() - t0
-  table = learning_times(files.read_jsonl(os.path.join(args.workdir, sweep.RESULTS_FILE)),
+  table = learning_times(files.read_jsonl(os.path.join(args.workdir, results.RESULTS_FILE)),
                          args.target)
   devices = jax.devices()
   result = {

@@ -47,16 +47,18 @@ def synthetic_set(dim, seed=0):
                                  provenance={"source": "benchmark"}, probes=probes)
 
 
+PAPER = os.path.join(REPO, "experiments", "complexity.py") + ":paper"
+
+
 def config_for(args, models, fractions, embeddings_dir):
-  from experiments import complexity as experiment  # pylint: disable=g-import-not-at-top
-  config = experiment.get_config("paper")
+  from bindjax.commands import flags  # pylint: disable=g-import-not-at-top
+  config = flags.load_config(PAPER)
   config.embeddings = embeddings_dir
   config.models = models
   config.train_fractions = tuple(fractions)
   config.steps = args.steps
   config.eval_every = min(100, args.steps)
   config.schedule = "constant"
-  config.overwrite = True
   return config
 
 
@@ -105,22 +107,16 @@ def run_child(args, way):
 
 def run_processes(args, workdir):
   """Separate CLI processes, one per fit; returns (total or estimate, samples, peak RSS)."""
-  from experiments import complexity as experiment  # pylint: disable=g-import-not-at-top
-  del experiment
   eset_dir = synthetic_set(args.dim).save(os.path.join(workdir, "set"))
   models = MODELS.split(",")
   order = [(m, f) for f in FRACTIONS for m in models]  # one of each family first
   samples = []
   for i, (model, fraction) in enumerate(order[:args.process_samples]):
-    config_path = os.path.join(workdir, f"config_{i}.py")
-    with open(config_path, "w") as f:
-      f.write(
-          "import sys\nsys.path.insert(0, %r)\nfrom experiments import complexity as e\n"
-          "def get_config(arg=None):\n  c = e.get_config('paper')\n  c.embeddings = %r\n"
-          "  c.models = %r\n  c.train_fractions = (%r,)\n  c.steps = %d\n  c.eval_every = %d\n"
-          "  c.overwrite = True\n  return c\n" % (REPO, eset_dir, model, fraction, args.steps,
-                                                  min(100, args.steps)))
-    cmd = [sys.executable, "-m", "bindjax.cli", "complexity", f"--config={config_path}",
+    # The config file and overrides exactly as a researcher would type them.
+    cmd = [sys.executable, "-m", "bindjax.cli", "complexity", f"--config={PAPER}",
+           f"--config.embeddings={eset_dir}", f"--config.models={model}",
+           f"--config.train_fractions=({fraction},)", f"--config.steps={args.steps}",
+           f"--config.eval_every={min(100, args.steps)}",
            f"--workdir={os.path.join(workdir, f'run_{i}')}"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
@@ -147,7 +143,6 @@ def main():
                       help="comma list of the ways to time (processes, batch, sequential)")
   parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
-  sys.path.insert(0, REPO)
   if args.child:
     child(args)
     return

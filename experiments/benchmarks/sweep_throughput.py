@@ -32,18 +32,18 @@ import time
 import jax
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "experiments"))
+from bindjax import files, models, parallel, sweep, xla_options
+from bindjax.commands import flags
 
-import coverage_sweep  # noqa: E402
-from bindjax import files, models, parallel, sweep, xla_options  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PRESETS = os.path.join(REPO, "experiments", "coverage_sweep.py")
 
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
 
 
 def config_for(model, replicas):
   """A sweep config with exactly `replicas` replicas (coverages × seeds) of one bucket."""
-  c = coverage_sweep.get_config("paper" if model == "paper" else "smoke")
+  c = flags.load_config(f"{PRESETS}:{'paper' if model == 'paper' else 'smoke'}")
   c.grid.spaces = ((2, 20),) if model == "paper" else ((2, 10),)
   coverages = (0.2, 0.4, 0.6, 0.8)
   c.grid.coverages = coverages[:min(replicas, 4)]
@@ -53,7 +53,7 @@ def config_for(model, replicas):
     c.model.update(d_model=32, num_heads=2, num_layers=1, d_ff=64, d_out=16)
     c.sampler.update(batch_size=32)
   elif model == "cpu":
-    cpu = coverage_sweep.get_config("cpu")
+    cpu = flags.load_config(f"{PRESETS}:cpu")
     c.model = cpu.model
     c.sampler = cpu.sampler
   return c
@@ -66,7 +66,7 @@ def single_bucket(config):
   return bucket
 
 
-def bucket_runner(config, devices=None, chunk=sweep.AUTO_CHUNK):
+def bucket_runner(config, devices=None, chunk=parallel.AUTO):
   """(compile seconds, run(steps) -> seconds, bucket, chunk) for the config's single bucket."""
   bucket = single_bucket(config)
   mesh = parallel.make_mesh(devices=devices)
@@ -357,8 +357,8 @@ def main(argv=None):
   parser.add_argument("--cpu_devices", type=int, default=-1,
                       help="as config.sweep.cpu_devices: -1 one CPU device per core, 0 JAX's "
                            "default")
-  parser.add_argument("--chunk", type=int, default=sweep.AUTO_CHUNK,
-                      help="as config.sweep.chunk_size: -1 automatic, 0 none, n replicas at a time")
+  parser.add_argument("--chunk", default=parallel.AUTO,
+                      help="as config.sweep.chunk_size: auto, none, or n replicas at a time")
   parser.add_argument("--xla_defaults", action="store_true",
                       help="compile with XLA's own CPU defaults (YNNPACK fusions on) instead of "
                            "bindjax.xla_options.CPU_OPTIONS, for comparison")
