@@ -52,6 +52,12 @@ def get_config(arg="smoke"):
   c.schedule = "constant"       # the original's effective schedule; "cosine" decays to 0
   # Evaluations after steps 1, 101, …, 3901 as in the original ("end": after 100, …, 4000).
   c.eval_cadence = "original"
+  # Initialisations per fit (docs/complexity.md, "Restarts"): 1 is the original's single run;
+  # R > 1 trains R candidates restart_steps steps and keeps the one with the lowest training
+  # loss (restart_holdout = 0) or the lowest error on held-out training objects (share h).
+  c.restarts = 1
+  c.restart_steps = 1000
+  c.restart_holdout = 0.0
   c.chunk_size = "auto"         # auto | none | an integer number of models per chunk
   c.memory_bytes = 0            # 0: the device's memory
   c.trees = "trees" in options  # also fit tree approximators (bindjax.complexity.trees)

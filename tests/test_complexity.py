@@ -335,3 +335,63 @@ def test_bad_config_is_a_one_line_error_and_writes_nothing(tmp_path, capsys, mon
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and named.replace("MISSING", "missing.npz") in err[0], err
   assert not workdir.exists()
+
+
+def test_restart_settings_are_validated_naming_the_field():
+  for bad, field in [({"restarts": 0}, "restarts"),
+                     ({"restarts": 2, "restart_steps": 0}, "restart_steps"),
+                     ({"restart_holdout": 1.0}, "restart_holdout"),
+                     ({"restart_holdout": -0.1}, "restart_holdout")]:
+    with pytest.raises(ValueError, match=field):
+      fitting.FitConfig(**bad).validate()
+  fitting.FitConfig(restarts=1, restart_steps=0).validate()  # Unused by a single start.
+  objects, ids = data_lib.all_scenes((2, 2), 2)
+  data = make_data((2, 2), objects, ids, np.zeros((len(ids), 3)))
+  one_object = data_lib.make_points(4, [0.3], [0], [1e-2])
+  with pytest.raises(ValueError, match="restart_holdout"):
+    fitting.restart_masks(data, one_object, fitting.FitConfig(restarts=2, restart_holdout=0.2))
+
+
+def test_restart_candidates_train_and_are_scored_on_training_scenes_only():
+  objects, ids = data_lib.all_scenes((4, 3), 2)
+  data = make_data((4, 3), objects, ids, np.zeros((len(ids), 3)))
+  points = data_lib.make_points(12, [0.5, 0.75], [0, 1], [1e-2, 1e-2])
+  train_only_MxN = np.stack([np.asarray(data_lib.scene_masks(
+      data.object_ids_NxK, points.permutation_MxU[m], points.num_train_M[m]))[0]
+                             for m in range(2)])
+  rows, valid, score = fitting.restart_masks(data, points, fitting.FitConfig(restarts=2))
+  assert (score == train_only_MxN).all()
+  for m in range(2):
+    assert sorted(rows[m][valid[m]]) == np.flatnonzero(train_only_MxN[m]).tolist()
+  rows, valid, score = fitting.restart_masks(
+      data, points, fitting.FitConfig(restarts=2, restart_holdout=0.5))
+  for m in range(2):
+    count = int(points.num_train_M[m])
+    held_out = set(points.permutation_MxU[m][count // 2:count].tolist())
+    candidate = np.zeros(len(ids), bool)
+    candidate[rows[m][valid[m]]] = True
+    # Candidates fit scenes of the kept training objects; they are scored on the other
+    # train-only scenes, each holding a held-out training object.
+    assert not (candidate & score[m]).any()
+    assert ((candidate | score[m]) == train_only_MxN[m]).all()
+    assert all(set(ids[n].tolist()) & held_out for n in np.flatnonzero(score[m]))
+    assert not any(set(ids[n].tolist()) & held_out for n in np.flatnonzero(candidate))
+
+
+def test_restarts_are_reproducible():
+  objects, ids = data_lib.all_scenes((3, 3), 2)
+  data = make_data((3, 3), objects, ids, np.random.default_rng(0).normal(size=(81, 4)))
+  probes = linear.init_weights(jax.random.PRNGKey(0), (3, 3), 9, 4, linear.ProbeConfig())
+  model = families.make("product", (3, 3), 2, out_dim=4, embed_dim=2)
+  points = data_lib.make_points(9, [0.7, 0.7], [0, 1], [1e-2, 1e-2])
+  config = fitting.FitConfig(steps=10, eval_every=5, restarts=3, restart_steps=8)
+  first, info = fitting.fit_models(model, data, probes, points, config)
+  second, again = fitting.fit_models(model, data, probes, points, config)
+  assert info["restart_candidate"] == again["restart_candidate"]
+  for key in first:
+    np.testing.assert_array_equal(first[key], second[key])
+  assert all(0 <= c < 3 for c in info["restart_candidate"]) and info["select_s"] > 0
+  single, single_info = fitting.fit_models(model, data, probes, points,
+                                           fitting.FitConfig(steps=10, eval_every=5))
+  assert single_info["restart_candidate"] is None
+  assert not np.allclose(single["train_loss"], first["train_loss"])

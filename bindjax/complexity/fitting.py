@@ -123,12 +123,16 @@ def _select_one(point, rows_T, valid_T, score_N, data, model, config):
   and that error."""
   keys_Rx2 = jax.vmap(lambda r: jax.random.fold_in(point.key_Mx2, r))(
       jnp.arange(config.restarts))
-  candidate_config = dataclasses.replace(config, schedule="constant")
+  explore = dataclasses.replace(config, schedule="constant")
+  anneal_steps = max(1, config.restart_steps // 4)
+  anneal = dataclasses.replace(config, schedule="cosine", steps=anneal_steps)
 
   def candidate(key_2):
     state = _init_one(point.replace(key_Mx2=key_2), model)
-    (params, _), _ = _train_one(point, state, rows_T, valid_T, 0, config.restart_steps, data,
-                                model, candidate_config)
+    state, _ = _train_one(point, state, rows_T, valid_T, 0, config.restart_steps, data, model,
+                          explore)
+    (params, _), _ = _train_one(point, state, rows_T, valid_T, 0, anneal_steps, data, model,
+                                anneal)
     se_N = ((model.apply(params, data.values_NxKxC) - data.targets_NxD) ** 2).mean(-1)
     return params, objectives.masked_mean(se_N, score_N)
 
@@ -420,7 +424,10 @@ def fit_grid(entries, data, probes, config, mesh=None, chunk_size="auto", memory
             "num_parameters": model.num_parameters(),
             "train_fraction": float(e.train_fraction), "seed": int(e.seed),
             "learning_rate": float(e.learning_rate), "schedule": config.schedule,
-            "steps": config.steps, "num_train_objects": int(points.num_train_M[b]),
+            "steps": config.steps, "restarts": config.restarts,
+            **{key: None if info[key] is None else info[key][j]
+               for key in ("restart_candidate", "restart_error")},
+            "num_train_objects": int(points.num_train_M[b]),
             **{f"num_{mask}_scenes": int(counts[b, k]) for k, mask in enumerate(data_lib.MASKS)},
             **summary,
             "history": {key: np.asarray(v[j]).tolist() for key, v in history.items()},
