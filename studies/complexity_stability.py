@@ -1,6 +1,8 @@
 """How often does one complexity fit recover planted structure? Restarts per lever and family.
 
-  python studies/complexity_stability.py --levers=single,restarts32,restarts32_holdout
+  python studies/complexity_stability.py --levers=single,restarts32,restarts64,restarts32_holdout \
+      --families=product,sum_product,per_object_product,per_object_sum_product
+  python studies/complexity_stability.py --levers=single --families=additive
   python studies/complexity_stability.py --check=per_object_sum_product
 
 Planted benchmark (docs/complexity.md, "Stability"): 2-object scenes over 10 × 10 concept values
@@ -8,18 +10,22 @@ Planted benchmark (docs/complexity.md, "Stability"): 2-object scenes over 10 × 
 form (random parameters of that family at E = 2, D = 16, key = the draw), fitted by the same
 family on the train-only scenes of one object split (train fraction 0.5, seed 0; every value is
 seen in training), 1,500 steps, lr 1e-2, cosine. Each of `--count` restarts is one fit with its
-own initialisation key (0, 1, …): one grid entry as a user gets it. A restart succeeds when its
-test-only R² at the last evaluation is ≥ 0.9. LEVERS are FitConfig settings of that fit.
+own initialisation key (0, 1, …; the planted keys are the draws, 100 and 101): one grid
+entry as a user gets it. A restart succeeds when its test-only R² at the last evaluation is
+≥ 0.9. LEVERS are FitConfig settings of that fit.
 
-`--check=per_object_sum_product`: scenes planted as Σ_objects (Σ_c a_c[v_c] + Π_c b_c[v_c]) plus
-Gaussian noise of the given standard deviations, fitted by the per_object_sum_product and the
-additive families; test-only R² and test-only object accuracy by frozen probes fitted on all
-scenes, beside the probes' own object accuracy on the noisy scenes.
+`--check=per_object_sum_product`: all 2-object scenes of 6 × 6 values planted as
+Σ_objects (Σ_c a_c[v_c] + Π_c b_c[v_c]) M plus Gaussian noise of each `--noise` standard
+deviation (a, b: E-wide tables, E = 2 and 16; M: E × 32), fitted by the per_object_sum_product
+(8 restarts) and the additive families of width E at train fraction 0.8 (every value seen in
+training); test-only R² and object accuracy by frozen probes fitted on all noisy scenes, beside
+the probes' own object accuracy on those scenes.
 
 Writes studies/results/complexity_stability/<levers or check>.json and prints a table. Findings:
 docs/findings/complexity_stability.md.
 """
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -44,6 +50,7 @@ LEVERS = {
     "restarts32": fitting.FitConfig(steps=1500, eval_every=500, restarts=32),
     "restarts32_holdout": fitting.FitConfig(steps=1500, eval_every=500, restarts=32,
                                             restart_holdout=0.2),
+    "restarts64": fitting.FitConfig(steps=1500, eval_every=500, restarts=64),
 }
 TEST = data_lib.MASKS.index("test_only")
 
@@ -85,7 +92,7 @@ def run_levers(levers, draws, count, family_names):
         history, info = fitting.fit_models(model, data, probes, restart_points(100, count),
                                            LEVERS[lever])
         r2_M = history["r2"][:, -1, TEST]
-        rows.append({"lever": lever, "draw": draw, "family": family,
+        rows.append({"lever": lever, "config": dataclasses.asdict(LEVERS[lever]), "draw": draw, "family": family,
                      "successes": int((r2_M >= 0.9).sum()), "restarts": count,
                      "test_r2": r2_M.tolist(),
                      "final_train_loss": history["train_loss"][:, -1].tolist(),
@@ -95,12 +102,15 @@ def run_levers(levers, draws, count, family_names):
   return rows
 
 
-def planted_per_object(noise, seed=1, values=(6, 6), width=2, out_dim=32):
-  """Scenes Σ_objects (Σ_c a_c[v_c] + Π_c b_c[v_c]) M + noise over all ordered 2-object scenes
-  of `values` (a, b: N(0,1) tables of `width`, shared by the objects; M: N(0,1)/√width, width ×
-  out_dim). Returns ComplexityData."""
+def planted_per_object(noise, seed=1, values=(6, 6), width=2, out_dim=32, num_scenes=0):
+  """Scenes Σ_objects (Σ_c a_c[v_c] + Π_c b_c[v_c]) M + noise over `num_scenes` (0: all) of the
+  ordered 2-object scenes of `values` (a, b: N(0,1) tables of `width`, shared by the objects;
+  M: N(0,1)/√width, width × out_dim). Returns ComplexityData."""
   objects_NxKxC, ids_NxK = data_lib.all_scenes(values, 2)
   rng = np.random.default_rng(seed)
+  if num_scenes:
+    rows = np.sort(rng.permutation(len(ids_NxK))[:num_scenes])
+    objects_NxKxC, ids_NxK = objects_NxKxC[rows], ids_NxK[rows]
   a, b = rng.normal(size=(2, len(values), max(values), width))
   mix_ExD = rng.normal(size=(width, out_dim)) / np.sqrt(width)
   per_object_NxKxE = sum(a[c][objects_NxKxC[..., c]] for c in range(len(values))) + np.prod(
@@ -110,9 +120,10 @@ def planted_per_object(noise, seed=1, values=(6, 6), width=2, out_dim=32):
   return complexity_data(values, objects_NxKxC, ids_NxK, targets_NxD.astype(np.float32))
 
 
-def per_object_check(data, config, embed_dim, fraction=0.5, probe_steps=500):
+def per_object_check(data, config, embed_dim, fraction, probe_steps=500):
   """{probe object acc on the planted scenes, then per family: test-only R², test-only and
-  train-only object acc} for per_object_sum_product and additive fits (seed 0, f = 0.5)."""
+  train-only object acc, train-only R²} for per_object_sum_product and additive fits of width
+  embed_dim (seed 0, train fraction `fraction`)."""
   everything_3xN = np.ones((3, data.num_scenes), bool)
   probes, _ = linear.fit_probes(data.targets_NxD, data.labels, everything_3xN[0],
                                 linear.ProbeConfig(steps=probe_steps))
@@ -126,14 +137,17 @@ def per_object_check(data, config, embed_dim, fraction=0.5, probe_steps=500):
     history, _ = fitting.fit_models(model, data, probes, points, config)
     report[family] = {"test_r2": float(history["r2"][0, -1, TEST]),
                       "test_object_acc": float(history["object_acc"][0, -1, TEST]),
-                      "train_object_acc": float(history["object_acc"][0, -1, train])}
+                      "train_object_acc": float(history["object_acc"][0, -1, train]),
+                      "train_r2": float(history["r2"][0, -1, train])}
   return report
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--levers", default="single,restarts32,restarts32_holdout")
-  parser.add_argument("--draws", default="0,1")
+  parser.add_argument("--levers", default="single,restarts32,restarts64,restarts32_holdout")
+  # Planted keys outside the fits' initialisation keys 0..count-1: a fit whose key equals the
+  # planted key starts at the planted parameters.
+  parser.add_argument("--draws", default="100,101")
   parser.add_argument("--count", type=int, default=20)
   parser.add_argument("--families", default=",".join(FAMILIES))
   parser.add_argument("--check", default="", help="per_object_sum_product: the noise table")
@@ -143,11 +157,14 @@ def main():
   if args.check:
     if args.check != "per_object_sum_product":
       raise SystemExit(f"--check={args.check!r}: expected per_object_sum_product")
-    config = fitting.FitConfig(steps=400, eval_every=200)
+    config = fitting.FitConfig(steps=600, eval_every=300, restarts=8, restart_steps=300)
     rows = []
-    for noise in [float(x) for x in args.noise.split(",")]:
-      rows.append({"noise": noise, **per_object_check(planted_per_object(noise), config)})
-      print(json.dumps(rows[-1]), flush=True)
+    for width in (2, 16):
+      for noise in [float(x) for x in args.noise.split(",")]:
+        data = planted_per_object(noise, width=width)
+        rows.append({"width": width, "noise": noise,
+                     **per_object_check(data, config, width, fraction=0.8)})
+        print(json.dumps(rows[-1]), flush=True)
     path = os.path.join(RESULTS, f"check_{args.check}.json")
   else:
     levers = args.levers.split(",")
