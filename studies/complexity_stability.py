@@ -2,6 +2,8 @@
 
   python studies/complexity_stability.py --levers=single,restarts32,restarts64,restarts32_holdout \
       --families=product,sum_product,per_object_product,per_object_sum_product
+  python studies/complexity_stability.py --levers=restarts32_long \
+      --families=sum_product,per_object_sum_product
   python studies/complexity_stability.py --levers=single --families=additive
   python studies/complexity_stability.py --check=per_object_sum_product
 
@@ -51,6 +53,8 @@ LEVERS = {
     "restarts32_holdout": fitting.FitConfig(steps=1500, eval_every=500, restarts=32,
                                             restart_holdout=0.2),
     "restarts64": fitting.FitConfig(steps=1500, eval_every=500, restarts=64),
+    "restarts32_long": fitting.FitConfig(steps=1500, eval_every=500, restarts=32,
+                                         restart_steps=2000),
 }
 TEST = data_lib.MASKS.index("test_only")
 

@@ -321,6 +321,8 @@ def test_summary_over_seeds_reports_median_and_spread():
     ("--config.models=mlp:64,cube", "'cube'", 2),
     ("--config.chunk_size=-3", "chunk_size", 2),
     ("--config.eval_cadence=sometimes", "eval_cadence", 2),
+    ("--config.restarts=0", "restarts", 2),
+    ("--config.restart_holdout=1.5", "restart_holdout", 2),
     ("--config.probes_file=MISSING", "MISSING", 1)])
 def test_bad_config_is_a_one_line_error_and_writes_nothing(tmp_path, capsys, monkeypatch,
                                                             override, named, code):
