@@ -407,7 +407,7 @@ def test_per_object_sum_product_recovers_planted_per_object_scenes():
   test-only scenes (R² ≥ 0.9); the additive family cannot. Objects are not resolvable here: in a
   2-dimensional embedding linear object probes are near chance, and at widths where they
   resolve objects (E ≥ 16) the family did not recover test-only scenes (docs/findings/
-  complexity_stability.md), so object accuracy is reported, not asserted."""
+  complexity_stability.md), so object accuracy is left to that finding's table."""
   values = (6, 6)
   objects, ids = data_lib.all_scenes(values, 2)
   rng = np.random.default_rng(1)
