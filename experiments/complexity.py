@@ -15,7 +15,9 @@ the set's stored ones, a probes.npz (`probes_file`, as `bindjax probe` writes), 
 scenes (`probes="fit"`). `models` is a comma list: mlp:W1xW2.., additive, product, product:W
 (learned W), sum_product, sum_product:W, per_object_product, per_object_sum_product,
 per_object_sum_product:W. `seeds` are restarts (object split and initialisation): summary.csv
-reports the median and spread over them.
+reports the median and spread over them. `restarts` tries that many initialisations inside each
+fit and keeps the best by training error (docs/complexity.md, "Restarts"; 1, the default, is the
+original's single run).
 """
 import os
 
@@ -54,6 +56,12 @@ def get_config(arg="smoke"):
   c.schedule = "constant"       # the original's effective schedule; "cosine" decays to 0
   # Evaluations after steps 1, 101, …, 3901 as in the original ("end": after 100, …, 4000).
   c.eval_cadence = "original"
+  # Initialisations per fit (docs/complexity.md, "Restarts"): 1 is the original's single run;
+  # R > 1 trains R candidates restart_steps steps and keeps the one with the lowest training
+  # loss (restart_holdout = 0) or the lowest error on held-out training objects (share h).
+  c.restarts = fit.restarts
+  c.restart_steps = fit.restart_steps
+  c.restart_holdout = fit.restart_holdout
   c.chunk_size = "auto"         # auto | none | an integer number of models per chunk
   c.memory_bytes = 0            # 0: the device's memory
   c.trees = "trees" in options  # also fit tree approximators (bindjax.complexity.trees)

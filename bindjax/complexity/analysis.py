@@ -67,7 +67,10 @@ def fit_config_from(config):
   """FitConfig of a complexity ConfigDict (ValueError naming a bad field)."""
   return fitting.FitConfig(steps=int(config.steps), eval_every=int(config.eval_every),
                            schedule=config.schedule, probe_similarity="dot",
-                           eval_cadence=config.eval_cadence).validate()
+                           eval_cadence=config.eval_cadence,
+                           restarts=int(config.restarts),
+                           restart_steps=int(config.restart_steps),
+                           restart_holdout=float(config.restart_holdout)).validate()
 
 
 def code_config_from(config):

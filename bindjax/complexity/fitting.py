@@ -43,6 +43,15 @@ class FitConfig:
   # "end": evaluate after eval_every, 2·eval_every, …, steps; "original": after 1, 1+eval_every,
   # …, as the original code does (it then trains eval_every − 1 unevaluated steps; we stop).
   eval_cadence: str = "end"
+  # Initialisations tried per fit (docs/complexity.md, "Restarts"). 1: the single initialisation
+  # from the fit's seed, as the original runs it. R > 1: R candidates train restart_steps steps
+  # at the fit's constant learning rate; the best one by `restart_holdout` is trained as usual.
+  restarts: int = 1
+  restart_steps: int = 1000
+  # 0: candidates train on all the fit's training scenes and the lowest training loss wins.
+  # h in (0, 1): they train on the scenes of the first 1 − h of the training objects and the
+  # lowest error on the remaining train-only scenes (those holding a held-out object) wins.
+  restart_holdout: float = 0.0
 
   def validate(self):
     """Returns self; ValueError naming the bad field."""
@@ -56,6 +65,12 @@ class FitConfig:
     if self.probe_similarity not in linear.SIMILARITIES:
       raise ValueError(f"probe_similarity={self.probe_similarity!r}: expected one of "
                        f"{linear.SIMILARITIES}")
+    if self.restarts < 1:
+      raise ValueError(f"restarts={self.restarts}: expected ≥ 1 (1: a single initialisation)")
+    if self.restarts > 1 and self.restart_steps < 1:
+      raise ValueError(f"restart_steps={self.restart_steps}: expected ≥ 1 with restarts > 1")
+    if not 0 <= self.restart_holdout < 1:
+      raise ValueError(f"restart_holdout={self.restart_holdout}: expected 0 ≤ h < 1")
     return self
 
 
@@ -102,6 +117,31 @@ def _init_one(point, model):
   return params, optax.scale_by_adam().init(params)
 
 
+def _select_one(point, rows_T, valid_T, score_N, data, model, config):
+  """Initial (params, Adam state) of one fit with config.restarts > 1: the candidate with the
+  lowest masked error on score_N after config.restart_steps steps on rows_T; also its index
+  and that error."""
+  keys_Rx2 = jax.vmap(lambda r: jax.random.fold_in(point.key_Mx2, r))(
+      jnp.arange(config.restarts))
+  explore = dataclasses.replace(config, schedule="constant")
+  anneal_steps = max(1, config.restart_steps // 4)
+  anneal = dataclasses.replace(config, schedule="cosine", steps=anneal_steps)
+
+  def candidate(key_2):
+    state = _init_one(point.replace(key_Mx2=key_2), model)
+    state, _ = _train_one(point, state, rows_T, valid_T, 0, config.restart_steps, data, model,
+                          explore)
+    (params, _), _ = _train_one(point, state, rows_T, valid_T, 0, anneal_steps, data, model,
+                                anneal)
+    se_N = ((model.apply(params, data.values_NxKxC) - data.targets_NxD) ** 2).mean(-1)
+    return params, objectives.masked_mean(se_N, score_N)
+
+  params_R, error_R = jax.vmap(candidate)(keys_Rx2)
+  best = jnp.argmin(jnp.where(jnp.isnan(error_R), jnp.inf, error_R))
+  params = jax.tree_util.tree_map(lambda x: x[best], params_R)
+  return (params, optax.scale_by_adam().init(params)), best, error_R[best]
+
+
 def _train_one(point, state, rows_T, valid_T, first_step, num_steps, data, model, config):
   """num_steps Adam steps (a dynamic count) from step first_step; returns (state, last loss)."""
   values_TxKxC = data.values_NxKxC[rows_T]
@@ -145,6 +185,14 @@ def _init_points(points, model, chunk_size, num_shards):
   return _map_models(lambda p: _init_one(p, model), chunk_size, num_shards)(points)
 
 
+@functools.partial(jax.jit, static_argnames=("model", "config", "chunk_size", "num_shards"))
+def _select_points(points, rows_MxT, valid_MxT, score_MxN, data, model, config, chunk_size,
+                   num_shards):
+  fn = _map_models(lambda p, r, v, s: _select_one(p, r, v, s, data, model, config), chunk_size,
+                   num_shards)
+  return fn(points, rows_MxT, valid_MxT, score_MxN)
+
+
 @functools.partial(jax.jit, static_argnames=("model", "config", "chunk_size", "num_shards"),
                    donate_argnames=("state",))
 def _train_points(points, state, rows_MxT, valid_MxT, first_step, num_steps, data, model,
@@ -170,6 +218,31 @@ def bytes_per_model(model, num_train_scenes, num_scenes, num_unique):
   train = num_train_scenes * per_scene * 3
   evaluate = num_scenes * (per_scene + num_unique + sum(model.values_per_concept)) * 2
   return 4 * (5 * model.num_parameters() + max(train, evaluate))
+
+
+def restart_masks(data, points, config):
+  """What the candidates of config.restarts > 1 train on and are scored on (host numpy).
+
+  Returns (rows [M, T] int32, valid [M, T] bool) as `data_lib.training_rows` gives them for the
+  candidates' training objects, and score [M, N] bool: the scenes whose mean squared error
+  selects a candidate (see FitConfig.restart_holdout).
+  """
+  num_train_M = np.asarray(points.num_train_M)
+  candidate_M = num_train_M
+  if config.restart_holdout:
+    try:
+      candidate_M = np.array([linear.split_count(int(n), 1 - config.restart_holdout)
+                              for n in num_train_M], np.int32)
+    except ValueError:
+      raise ValueError(f"restart_holdout={config.restart_holdout}: a fit has fewer than 2 "
+                       f"training objects to split") from None
+  rows_MxT, valid_MxT = data_lib.training_rows(data, points.replace(num_train_M=candidate_M))
+  train_only = jax.vmap(lambda p, n: data_lib.scene_masks(data.object_ids_NxK, p, n)[0])
+  permutation_MxU = jnp.asarray(points.permutation_MxU)
+  score_MxN = np.array(train_only(permutation_MxU, jnp.asarray(num_train_M)))
+  if config.restart_holdout:
+    score_MxN &= ~np.asarray(train_only(permutation_MxU, jnp.asarray(candidate_M)))
+  return rows_MxT, valid_MxT, score_MxN
 
 
 def auto_mesh(num_models, devices=None):
@@ -198,27 +271,38 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto"
   mesh = mesh or auto_mesh(num_models)
   shards = parallel.num_replica_shards(mesh)
   rows_MxT, valid_MxT = data_lib.training_rows(data, points)
-  padded, valid = parallel.pad_to_multiple((points, rows_MxT, valid_MxT), shards)
+  selection = restart_masks(data, points, config) if config.restarts > 1 else ()
+  padded, valid = parallel.pad_to_multiple((points, rows_MxT, valid_MxT, selection), shards)
   per_device = len(valid) // shards
   if chunk_size == "auto" and shards == 1 and mesh.devices.flat[0].platform == "cpu":
     chunk_size = 1  # Unbatched, one model at a time: see _map_models.
   elif chunk_size == "auto":
+    # The restart candidates of one fit are held at once (one vmap).
     chunk_size = parallel.choose_chunk_size(
-        bytes_per_model(model, rows_MxT.shape[1], data.num_scenes, data.num_unique), per_device,
-        num_shards=shards, memory_bytes=memory_bytes)
-  points_s, rows_s, valid_s = parallel.shard_replicas(padded, mesh)
+        bytes_per_model(model, rows_MxT.shape[1], data.num_scenes, data.num_unique)
+        * config.restarts, per_device, num_shards=shards, memory_bytes=memory_bytes)
+  points_s, rows_s, valid_s, selection_s = parallel.shard_replicas(padded, mesh)
   data_r, probes_r = jax.device_put((data, probes), parallel.replicated_sharding(mesh))
   statics = {"model": model, "chunk_size": chunk_size, "num_shards": shards}
   start = time.perf_counter()
+  select_s, selected = 0.0, None
+  if config.restarts == 1:
+    initial = _init_points.lower(points_s, **statics).compile()(points_s)
+  else:
+    select = _select_points.lower(points_s, *selection_s, data_r, config=config,
+                                  **statics).compile()
+    select_start = time.perf_counter()
+    initial, *selected = select(points_s, *selection_s, data_r)
+    selected = parallel.to_host(selected)
+    select_s = time.perf_counter() - select_start
   # Placed like the points, so every training call takes and returns the same sharding.
-  state = jax.device_put(_init_points.lower(points_s, **statics).compile()(points_s),
-                         parallel.replica_sharding(mesh))
+  state = jax.device_put(initial, parallel.replica_sharding(mesh))
   zero = np.int32(0)
   train = _train_points.lower(points_s, state, rows_s, valid_s, zero, zero, data_r,
                               config=config, **statics).compile()
   evaluate = _evaluate_points.lower(points_s, state[0], data_r, probes_r, config=config,
                                     **statics).compile()
-  compile_s = time.perf_counter() - start
+  compile_s = time.perf_counter() - start - select_s
   train_s = eval_s = 0.0
   history, done = [], 0
   for step in eval_steps(config):
@@ -240,12 +324,17 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto"
   info = {"model": model.name, "num_models": num_models, "padded_models": len(valid),
           "train_scenes_padded": int(rows_MxT.shape[1]),
           "train_scenes": valid_MxT.sum(-1).tolist(), "chunk_size": chunk_size,
-          "compile_s": compile_s, "train_s": train_s, "eval_s": eval_s,
-          "run_s": train_s + eval_s, "compiled_temp_bytes": memory[0] if memory else None}
+          "compile_s": compile_s, "select_s": select_s, "train_s": train_s, "eval_s": eval_s,
+          "run_s": select_s + train_s + eval_s,
+          "compiled_temp_bytes": memory[0] if memory else None,
+          "restarts": config.restarts,
+          # Per model: the kept candidate and its selection error (None for a single start).
+          "restart_candidate": None if selected is None else selected[0][:num_models].tolist(),
+          "restart_error": None if selected is None else selected[1][:num_models].tolist()}
   if keep_params:
     info["params"] = jax.tree_util.tree_map(lambda x: x[:num_models], parallel.to_host(state[0]))
-  logging.info("%s: %d models, compile %.1fs, train %.1fs, evaluate %.1fs", model.name,
-               num_models, compile_s, train_s, eval_s)
+  logging.info("%s: %d models, compile %.1fs, select %.1fs, train %.1fs, evaluate %.1fs",
+               model.name, num_models, compile_s, select_s, train_s, eval_s)
   return history, info
 
 
@@ -338,7 +427,10 @@ def fit_grid(entries, data, probes, config, mesh=None, chunk_size="auto", memory
             "num_parameters": model.num_parameters(),
             "train_fraction": float(e.train_fraction), "seed": int(e.seed),
             "learning_rate": float(e.learning_rate), "schedule": config.schedule,
-            "steps": config.steps, "num_train_objects": int(points.num_train_M[b]),
+            "steps": config.steps, "restarts": config.restarts,
+            **{key: None if info[key] is None else info[key][j]
+               for key in ("restart_candidate", "restart_error")},
+            "num_train_objects": int(points.num_train_M[b]),
             **{f"num_{mask}_scenes": int(counts[b, k]) for k, mask in enumerate(data_lib.MASKS)},
             **summary,
             "history": {key: np.asarray(v[j]).tolist() for key, v in history.items()},
