@@ -26,16 +26,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V10 = (10, 10)
 RESTARTS = 8
 # Planted-structure fits: products of four N(0,1) slot tables have many poor local minima, and
-# only restarts that reach ~zero training loss recover held-out objects, so which restarts get
-# there changes with any float reordering (compiler version, fusion choices). Measured with
-# 16 restarts (2 per fake device): draw 5 gives ≥ 1 converged restart for every family (test-only
-# R² 1.0); draw 123 gave none for sum_product (selected R² −2.7), so its result flipped between
-# contexts. More restarts and a draw whose landscape is not extreme keep the claim stable.
+# only restarts that reach ~zero training loss recover held-out objects. The planted parameters
+# are drawn from a key no restart starts from (a restart initialised at the planted parameters
+# would recover them trivially).
 PLANTED_RESTARTS = 16
-PLANTED_DRAW = 5
+PLANTED_DRAW = 1000   # outside the restarts' initialisation keys 0..PLANTED_RESTARTS-1
 # Shared by the planted and lookup-table tests: same shapes and static settings, so the second
 # test reuses the first one's compiled programs (compiling dominates their cost).
 PLANTED_CONFIG = fitting.FitConfig(steps=1500, eval_every=500)
+# Training MSE below which a planted fit has converged (converged fits end near 1e-10, stuck
+# product fits above 1e-3).
+CONVERGED = 1e-4
 
 
 def planted_models():
@@ -65,11 +66,6 @@ def restarts(num_unique, fraction=0.5, lr=1e-2, count=RESTARTS):
   return points.replace(key_Mx2=keys.astype(np.uint32))
 
 
-def select_by_train_loss(history):
-  """The restart with the lowest final training loss (never looks at held-out scenes)."""
-  return int(np.argmin(history["train_loss"][:, -1]))
-
-
 def test_clevr_object_split_counts_match_spec():
   objects, ids = data_lib.all_scenes((8, 3), 2)
   assert objects.shape == (576, 2, 2)
@@ -92,27 +88,33 @@ def test_clevr_object_split_counts_match_spec():
 
 @pytest.mark.slow
 def test_identifiability_of_planted_families():
-  """Embeddings planted from a family's own form (random parameters) are recovered by that
-  family on test-only scenes (objects never seen in training). Of PLANTED_RESTARTS restarts the
-  one with the lowest training loss is scored (selection never sees held-out scenes)."""
+  """Embeddings planted from a family's own form (random parameters drawn from a key no restart
+  starts from) are recovered by that family on test-only scenes (objects never seen in
+  training) by every fit that converges on its training scenes: training loss below
+  CONVERGED ⇒ test-only R² ≥ 0.9. The additive family converges from every start. The
+  product families mostly do not (docs/complexity.md, "Stability": whether a start converges
+  is decided by the start; `FitConfig.restarts` buys more starts, tested below), and then they
+  do not generalise either."""
   objects, ids = planted_scenes(V10, 2000)
   probes = linear.init_weights(jax.random.PRNGKey(0), V10, 100, 16, linear.ProbeConfig())
-  config = PLANTED_CONFIG
   test = data_lib.MASKS.index("test_only")
   report = {}
   for family, model in planted_models():
     planted = model.apply(model.init(jax.random.PRNGKey(PLANTED_DRAW)), objects)
     data = make_data(V10, objects, ids, np.asarray(planted))
     history, info = fitting.fit_models(model, data, probes,
-                                          restarts(100, count=PLANTED_RESTARTS), config)
+                                       restarts(100, count=PLANTED_RESTARTS), PLANTED_CONFIG)
     # The automatic chunking depends only on the model, the data and total device memory.
     assert info["chunk_size"] is None
-    best = select_by_train_loss(history)
-    report[model.name] = float(history["r2"][best, -1, test])
-    if family != "mlp":
-      assert report[model.name] >= 0.9, (model.name, history["train_loss"][:, -1],
-                                         history["r2"][:, -1, test])
-  print("planted family -> test-only R² of the same family:", report)
+    r2_R, loss_R = history["r2"][:, -1, test], history["train_loss"][:, -1]
+    report[model.name] = [(round(float(r), 2), float(l)) for r, l in zip(r2_R, loss_R)]
+    if family == "mlp":
+      continue
+    converged = loss_R < CONVERGED
+    assert np.all(r2_R[converged] >= 0.9), (model.name, report[model.name])
+    if family == "additive":
+      assert converged.all(), report[model.name]
+  print("planted family -> (test-only R², training loss) per restart:", report)
 
 
 def test_per_object_products_bind_in_sample_but_do_not_generalise():
