@@ -2,6 +2,10 @@
 
   python studies/complexity_stability.py --levers=single,restarts32,restarts64,restarts32_holdout \
       --families=product,sum_product,per_object_product,per_object_sum_product
+  python studies/complexity_stability.py --levers=restarts128 --draws=100 \
+      --families=product,sum_product,per_object_sum_product        # and --draws=101
+  python studies/complexity_stability.py --levers=restarts256 --draws=100 \
+      --families=per_object_sum_product
   python studies/complexity_stability.py --levers=restarts32_long \
       --families=sum_product,per_object_sum_product
   python studies/complexity_stability.py --levers=single --families=additive
@@ -53,6 +57,8 @@ LEVERS = {
     "restarts32_holdout": fitting.FitConfig(steps=1500, eval_every=500, restarts=32,
                                             restart_holdout=0.2),
     "restarts64": fitting.FitConfig(steps=1500, eval_every=500, restarts=64),
+    "restarts128": fitting.FitConfig(steps=1500, eval_every=500, restarts=128),
+    "restarts256": fitting.FitConfig(steps=1500, eval_every=500, restarts=256),
     "restarts32_long": fitting.FitConfig(steps=1500, eval_every=500, restarts=32,
                                          restart_steps=2000),
 }
@@ -183,7 +189,8 @@ def main():
                          if r["lever"] == lever and r["family"] == f)
                for f in args.families.split(",")]
       print(f"| {lever} | " + " | ".join(cells) + " |")
-    path = os.path.join(RESULTS, "levers_" + "_".join(levers) + ".json")
+    draws = "" if args.draws == "100,101" else "_draws" + args.draws.replace(",", "_")
+    path = os.path.join(RESULTS, "levers_" + "_".join(levers) + draws + ".json")
   files.write_json(path, files.to_jsonable({"args": vars(args), "rows": rows}), indent=1)
   print("wrote", path)
 

@@ -35,3 +35,20 @@ def test_unknown_preset_is_refused(capsys):
   with pytest.raises((flags.UsageError, SystemExit)):
     flags.load_config(os.path.join(REPO, "experiments", "coverage_sweep.py") + ":laptop")
   assert "'laptop'; expected smoke, cpu, gpu_quick" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "paper", "paper,trees", "paper,stable"])
+def test_complexity_presets_validate(preset):
+  from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
+  config = flags.load_config(os.path.join(REPO, "experiments", "complexity.py") + f":{preset}")
+  fit = analysis.fit_config_from(config)
+  assert fit.steps == config.steps and fit.restarts == config.restarts
+  assert (fit.restarts > 1) == preset.endswith("stable") and config.trees == ("trees" in preset)
+
+
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "paper"])
+def test_geometry_presets_validate(preset):
+  from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = flags.load_config(os.path.join(REPO, "experiments", "geometry.py") + f":{preset}")
+  assert config_lib.decomposition_config(config).fit.steps == config.decomposition.steps
+  assert config_lib.intervention_config(config).strengths == tuple(config.interventions.strengths)
