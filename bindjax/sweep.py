@@ -449,8 +449,8 @@ def _mesh_devices(buckets, num_data, devices):
   devices = list(jax.devices() if devices is None else devices)
   if jax.process_count() > 1:
     return devices
-  largest = max(len(b.replicas) for b in buckets)
-  return devices[:max(num_data, min(len(devices), largest * num_data) // num_data * num_data)]
+  groups = min(len(devices) // num_data, max(len(b.replicas) for b in buckets))
+  return devices[:max(1, groups) * num_data]
 
 
 def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, devices=None):
@@ -595,6 +595,9 @@ class _Loop:
     pending = []
 
     def flush():
+      """Writes the pending rows; returns whether every replica of the bucket has diverged."""
+      if not pending:
+        return False
       for step, train_metrics, eval_metrics in pending:
         train_host = parallel.to_host(train_metrics)
         eval_host = parallel.to_host(eval_metrics) if eval_metrics is not None else None
@@ -606,6 +609,7 @@ class _Loop:
             postfix["heldout_obj"] = f"{acc.mean():.3f}"
             self.bar.set_postfix(postfix, refresh=False)
       pending.clear()
+      return self.results.all_diverged(bucket)
 
     num_steps = spec.num_steps
     for step in range(start, num_steps):
@@ -617,8 +621,8 @@ class _Loop:
       if is_eval:
         state, eval_metrics = eval_fn(state, hyper, _global_scalar(done, mesh))
       # Metrics of the previous logged step: its values are ready by now, this step is queued.
-      flush()
-      stop = self.results.all_diverged(bucket)
+      # Divergence is only learnt from flushed rows, so it is checked only when rows were written.
+      stop = flush()
       if is_eval or is_checkpoint or stop or done % self.log_every == 0:
         pending.append((done, train_metrics, eval_metrics))
       if is_checkpoint or stop:

@@ -96,8 +96,8 @@ def run_description_length(models, data, probes, config, fit_config, code_config
   try:
     rows = description_length.measure(
         models, data, config.seeds, config.learning_rates, code_config, fit_config, probes,
-        chunk_size=parallel.chunk_setting(config.chunk_size), memory_bytes=int(config.memory_bytes) or None,
-        on_eval=on_eval)
+        chunk_size=parallel.chunk_setting(config.chunk_size),
+        memory_bytes=int(config.memory_bytes) or None, on_eval=on_eval)
   finally:
     bar.close()
   seconds = time.perf_counter() - start
