@@ -88,7 +88,7 @@ def test_non_empty_output_is_a_usage_error_and_is_left_alone(tmp_path, capsys, m
     (["probe", f"--embeddings={DATA}", "--train_fraction=1.5"], "train_fraction"),
     (["decompose", f"--embeddings={DATA}", f"--config={GEOMETRY}:smoke",
       "--config.decomposition.banks=avg"], "'avg'"),
-    (["report", f"--workdir={DATA}", "--bootstrap=0"], "--bootstrap=0"),
+    (["report", f"--workdir={DATA}", "--draws=0"], "--draws=0"),
     (["train", f"--config={REPO}/experiments/train.py:smoke", "--config.coverage=1.5"],
      "config.coverage=1.5"),
     (["sweep", f"--config={REPO}/experiments/coverage_sweep.py:smoke",
