@@ -381,19 +381,8 @@ def markdown_table(table, laws, step, metric="accuracy", series=()):
   return "\n".join(lines)
 
 
-def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
-                formats=("png", "pdf"), metric="accuracy"):
-  """Writes figures, ρ* table and scaling law for the sweep in workdir; returns the summary dict.
-
-  step: "final" (default) or "best" (results.select_evaluations). num_draws: refits behind the
-  scaling law's intervals. metric: "accuracy" or "binding", the held-out figure ρ* is fitted to
-  (RHO_METRICS).
-  """
-  if metric not in RHO_METRICS:
-    raise ValueError(f"metric={metric!r}: expected one of {sorted(RHO_METRICS)}")
-  rho_metric = RHO_METRICS[metric]
-  from bindjax.plots import phase_transition  # matplotlib only when drawing
-
+def _selected_rows(workdir, step):
+  """One evaluation row per replica of the sweep in workdir (results.select_evaluations)."""
   path = os.path.join(workdir, results.RESULTS_FILE)
   rows = files.read_jsonl(path)
   if not rows:
@@ -401,6 +390,28 @@ def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
   selected = results.select_evaluations(rows, step)
   if not selected:
     raise ValueError(f"{path}: no evaluation rows (kind='eval') yet")
+  return selected
+
+
+def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
+                formats=("png", "pdf"), metric="accuracy"):
+  """Writes figures, ρ* table and scaling law for one sweep or several; returns the summary.
+
+  workdir: a sweep's workdir, or a list of them (for example one sweep per object-space size),
+  whose replicas are reported together; out_dir is then required. step: "final" (default) or
+  "best" (results.select_evaluations). num_draws: refits behind the scaling law's intervals.
+  metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (RHO_METRICS).
+  """
+  workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
+  if len(workdirs) > 1 and out_dir is None:
+    raise ValueError(f"workdir={workdirs!r}: a report of several sweeps needs an output "
+                     "directory")
+  if metric not in RHO_METRICS:
+    raise ValueError(f"metric={metric!r}: expected one of {sorted(RHO_METRICS)}")
+  rho_metric = RHO_METRICS[metric]
+  from bindjax.plots import phase_transition  # matplotlib only when drawing
+
+  selected = [row for w in workdirs for row in _selected_rows(w, step)]
   series = aggregate(selected, (rho_metric,) + tuple(
       m for m in REPORT_METRICS if m != rho_metric))
   table = critical_coverages(series)
@@ -410,16 +421,17 @@ def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
   if len({r["space_size"] for r in fitted}) == len(fitted):
     laws = fit_scaling_laws([r["space_size"] for r in fitted], [r["rho_star"] for r in fitted])
     laws = scaling_law_intervals(fitted, laws, num_draws)
-  out_dir = out_dir or os.path.join(workdir, results.REPORT_DIR)
+  out_dir = out_dir or os.path.join(workdirs[0], results.REPORT_DIR)
   os.makedirs(out_dir, exist_ok=True)
   sizes = ", ".join(f"{n:,}" for n in sorted({s["space_size"] for s in series}))
-  title = f"{os.path.basename(os.path.abspath(workdir))}: |O| = {sizes}; {step} step"
+  names = " + ".join(os.path.basename(os.path.abspath(w)) for w in workdirs)
+  title = f"{names}: |O| = {sizes}; {step} step"
   figures = phase_transition.plot(series, table, os.path.join(out_dir, "phase_transition"),
                                   step=step, formats=formats, rho_metric=rho_metric, title=title)
   if len(fitted) >= 2:
     figures += phase_transition.plot_scaling_law(
         fitted, laws, os.path.join(out_dir, "scaling_law"), title=title, formats=formats)
-  summary = {"workdir": os.path.abspath(workdir), "step": step, "threshold": THRESHOLD,
+  summary = {"workdirs": [os.path.abspath(w) for w in workdirs], "step": step, "threshold": THRESHOLD,
              "metric": rho_metric, "critical_coverage": table, "scaling_law": laws,
              "num_replicas": len(selected),
              "num_diverged": sum(bool(r["diverged"]) for r in selected), "figures": figures}

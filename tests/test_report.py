@@ -210,3 +210,23 @@ def test_seed_that_never_crosses_leaves_no_interval():
   (row,) = report.critical_coverages(report.aggregate(rows, (report.BINDING_METRIC,)))
   assert row["status"] == "fit" and row["interval"] is None and row["censored_seeds"] == ["3"]
   assert row["rho_star"] == row["pooled_rho_star"]
+
+
+def test_several_sweeps_report_together(tmp_path):
+  """One sweep per size, reported together: the same table as one sweep holding both sizes."""
+  both = _rows(planted={(2, 20): 0.5, (2, 50): 0.32}, seeds=(0, 1, 2))
+  _write(str(tmp_path / "both"), both)
+  for v in (20, 50):  # each sweep numbers its replicas from 0
+    part = [dict(r) for r in both if r["V"] == v]
+    first = min(r["replica"] for r in part)
+    _write(str(tmp_path / f"v{v}"), [dict(r, replica=r["replica"] - first) for r in part])
+  whole = report.make_report(str(tmp_path / "both"), num_draws=20, formats=("png",))
+  parts = report_command.main(["bindjax report", f"--workdir={tmp_path / 'v20'},{tmp_path / 'v50'}",
+                               f"--out={tmp_path / 'out'}", "--draws=20"])
+  assert parts == 0
+  together = json.load(open(tmp_path / "out" / "critical_coverage.json"))
+  assert together["critical_coverage"] == whole["critical_coverage"]
+  assert os.path.getsize(tmp_path / "out" / "scaling_law.png") > 0
+  with pytest.raises(SystemExit) as e:
+    report_command.main(["bindjax report", f"--workdir={tmp_path / 'v20'},{tmp_path / 'v50'}"])
+  assert e.value.code == 2

@@ -6,7 +6,8 @@ held-out accuracy, is chosen on the held-out objects and so optimistic), a logis
 held-out accuracy against coverage per seed and series, ρ* as the mean over seeds with a
 Student t interval, and a scaling law over sizes. Writes OUT (default DIR/report):
 phase_transition.png/.pdf, scaling_law.png/.pdf (two or more sizes), critical_coverage.md/.json,
-points.json; a non-empty OUT is refused unless --overwrite.
+points.json; a non-empty OUT is refused unless --overwrite. --workdir=A,B,... reports several
+sweeps together (one per object-space size, say); --out is then required.
 """
 import os
 
@@ -31,13 +32,16 @@ def main(argv):
   flags.DEFINE_string("out", None, "output directory (default WORKDIR/report)", flag_values=fv)
   bj_flags.define_overwrite(fv)
   bj_flags.parse(fv, argv, required=("workdir",), description=__doc__)
-  prog, workdir = argv[0], fv["workdir"].value
-  out = fv["out"].value or os.path.join(workdir, results.REPORT_DIR)
+  prog, workdirs = argv[0], fv["workdir"].value.split(",")
+  if len(workdirs) > 1 and not fv["out"].value:
+    raise bj_flags.UsageError(f"{prog}: --workdir lists {len(workdirs)} sweeps: --out is "
+                              "required")
+  out = fv["out"].value or os.path.join(workdirs[0], results.REPORT_DIR)
   if fv["draws"].value < 1:
     raise bj_flags.UsageError(f"{prog}: --draws={fv['draws'].value}: expected >= 1")
   bj_flags.check_output_dir(prog, "out", out, fv["overwrite"].value)
   with bj_flags.input_errors(prog):
-    summary = report.make_report(workdir, step=fv["step"].value,
+    summary = report.make_report(workdirs, step=fv["step"].value,
                                  num_draws=fv["draws"].value, out_dir=out,
                                  metric=fv["metric"].value)
   for row in summary["critical_coverage"]:
