@@ -50,8 +50,9 @@ def _analytic_flops(spec):
   num_queries = (spec.sampler.num_concept_queries(spec.space) +
                  spec.sampler.num_object_queries(spec.space))
   b = spec.sampler.batch_size
-  forward = (models.tower_flops(m, b, spec.space.scene_length, m.d_out) +
-             models.tower_flops(m, num_queries, spec.space.query_length, m.query_out_features) +
+  forward = (models.tower_flops(m, b, spec.space.scene_length, m.d_out, tower="scene") +
+             models.tower_flops(m, num_queries, spec.space.query_length, m.query_out_features,
+                                tower="query") +
              2 * b * num_queries * m.d_out)
   return 3 * forward
 
