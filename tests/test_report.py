@@ -108,15 +108,22 @@ def test_report_without_results_is_bad_input_and_writes_nothing(tmp_path, capsys
   assert os.listdir(tmp_path) == []
 
 
+def _sweep_with_heldout_at(tmp_path, step, value):
+  """A 2-seed sweep evaluated at steps 100, 200, 300 whose held-out accuracy at `step` is
+  `value` for every replica; returns its workdir."""
+  rows = _rows(planted={(2, 20): 0.5}, seeds=(0, 1), steps=(100, 200, 300))
+  for row in rows:
+    if row["step"] == step:
+      row["heldout/object_accuracy"] = row["heldout/object_accuracy_2obj"] = value
+  workdir = str(tmp_path / "sweep")
+  _write(workdir, rows)
+  return workdir
+
+
 def test_step_final_reads_the_last_evaluation(tmp_path):
   """Early evaluations are 0.8× the late ones, so "best" and "final" are both the late step; a
   late collapse makes them differ, and --step=final must report the collapsed values."""
-  rows = _rows(planted={(2, 20): 0.5}, seeds=(0, 1), steps=(100, 200, 300))
-  for row in rows:
-    if row["step"] == 300:
-      row["heldout/object_accuracy"] = row["heldout/object_accuracy_2obj"] = 0.0
-  workdir = str(tmp_path / "sweep")
-  _write(workdir, rows)
+  workdir = _sweep_with_heldout_at(tmp_path, 300, 0.0)
   best = report.make_report(workdir, step="best", num_draws=20, out_dir=str(tmp_path / "b"),
                             formats=("png",))
   final = report.make_report(workdir, step="final", num_draws=20,
@@ -151,12 +158,7 @@ def test_no_crossing_and_shared_space_size(tmp_path):
 def test_default_step_selects_nothing_on_heldout_objects(tmp_path):
   """Held-out accuracy that peaks early and then falls: the default report reads the last
   evaluation of every replica, not the held-out peak."""
-  rows = _rows(planted={(2, 20): 0.5}, seeds=(0, 1), steps=(100, 200, 300))
-  for row in rows:
-    if row["step"] == 100:
-      row["heldout/object_accuracy"] = row["heldout/object_accuracy_2obj"] = 1.0
-  workdir = str(tmp_path / "sweep")
-  _write(workdir, rows)
+  workdir = _sweep_with_heldout_at(tmp_path, 100, 1.0)
   summary = report.make_report(workdir, num_draws=20, formats=("png",))
   assert summary["step"] == "final"
   points = json.load(open(os.path.join(workdir, "report", "points.json")))
