@@ -2,6 +2,7 @@
 
   python experiments/benchmarks/train_step.py                      # paper + small configs
   python experiments/benchmarks/train_step.py --configs=small --repeats=5 --steps=20
+  python experiments/benchmarks/train_step.py --configs=cpu_plain,cpu_product --tag=product_readout
   python experiments/benchmarks/train_step.py --no_donate          # compare without donation
   XLA_FLAGS=... python experiments/benchmarks/train_step.py --tag=myflags
 
@@ -39,8 +40,14 @@ def _config(name):
     c.space.update(num_concepts=2, num_values=4, max_objects=2)
     c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32)
     c.sampler.update(batch_size=64)
+  elif name in ("cpu_plain", "cpu_product"):  # the cpu sweep preset's model at |O| = 100
+    c.space.update(num_concepts=2, num_values=10, max_objects=2)
+    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
+                   product_readout="both" if name == "cpu_product" else "none")
+    c.sampler.update(batch_size=128, train_queries="train")
   elif name != "paper":
-    raise ValueError(f"--configs: unknown config {name!r}; expected paper or small")
+    raise ValueError(f"--configs: unknown config {name!r}; expected paper, small, cpu_plain or "
+                     "cpu_product")
   return c
 
 
