@@ -262,6 +262,8 @@ def make_report(workdir, step="best", num_bootstrap=1000, out_dir=None, formats=
   """Writes figure, ρ* table and scaling law for the sweep in workdir; returns the summary dict.
 
   metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (RHO_METRICS).
+  The summary's "finished" is False for a sweep without its done file (still running, or
+  killed): the report then covers the rows written so far.
   """
   if metric not in RHO_METRICS:
     raise ValueError(f"metric={metric!r}: expected one of {sorted(RHO_METRICS)}")
@@ -269,7 +271,9 @@ def make_report(workdir, step="best", num_bootstrap=1000, out_dir=None, formats=
   from bindjax.plots import phase_transition  # matplotlib only when drawing
 
   path = os.path.join(workdir, results.RESULTS_FILE)
-  rows = files.read_jsonl(path)
+  rows = results.read_rows(workdir)
+  # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
+  finished = os.path.exists(os.path.join(workdir, results.DONE_FILE))
   if not rows:
     raise ValueError(f"workdir={workdir!r}: no result rows in {path}; run `bindjax sweep` first")
   selected = results.select_evaluations(rows, step)
@@ -285,11 +289,13 @@ def make_report(workdir, step="best", num_bootstrap=1000, out_dir=None, formats=
     laws = fit_scaling_laws([r["space_size"] for r in fitted], [r["rho_star"] for r in fitted])
   out_dir = out_dir or os.path.join(workdir, results.REPORT_DIR)
   os.makedirs(out_dir, exist_ok=True)
+  files.record_outputs(out_dir, [f"phase_transition.{f}" for f in formats] + [
+      "critical_coverage.json", "critical_coverage.md", "points.json"])
   figures = phase_transition.plot(series, table, os.path.join(out_dir, "phase_transition"),
                                   step=step, formats=formats, rho_metric=rho_metric)
   summary = {"workdir": os.path.abspath(workdir), "step": step, "threshold": THRESHOLD,
              "metric": rho_metric, "critical_coverage": table, "scaling_law": laws,
-             "num_replicas": len(selected),
+             "finished": finished, "num_replicas": len(selected),
              "num_diverged": sum(bool(r["diverged"]) for r in selected), "figures": figures}
   files.write_json(os.path.join(out_dir, "critical_coverage.json"), summary)
   files.write_atomic(os.path.join(out_dir, "critical_coverage.md"),
