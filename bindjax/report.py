@@ -384,7 +384,7 @@ def markdown_table(table, laws, step, metric="accuracy", series=()):
 def _selected_rows(workdir, step):
   """One evaluation row per replica of the sweep in workdir (results.select_evaluations)."""
   path = os.path.join(workdir, results.RESULTS_FILE)
-  rows = files.read_jsonl(path)
+  rows = results.read_rows(workdir)
   if not rows:
     raise ValueError(f"workdir={workdir!r}: no result rows in {path}; run `bindjax sweep` first")
   selected = results.select_evaluations(rows, step)
@@ -401,6 +401,8 @@ def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
   whose replicas are reported together; out_dir is then required. step: "final" (default) or
   "best" (results.select_evaluations). num_draws: refits behind the scaling law's intervals.
   metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (RHO_METRICS).
+  The summary's "finished" is False when a sweep has no done file (still running, or killed):
+  the report then covers the rows written so far, and its title says so.
   """
   workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
   if len(workdirs) > 1 and out_dir is None:
@@ -412,6 +414,8 @@ def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
   from bindjax.plots import phase_transition  # matplotlib only when drawing
 
   selected = [row for w in workdirs for row in _selected_rows(w, step)]
+  # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
+  finished = all(os.path.exists(os.path.join(w, results.DONE_FILE)) for w in workdirs)
   series = aggregate(selected, (rho_metric,) + tuple(
       m for m in REPORT_METRICS if m != rho_metric))
   table = critical_coverages(series)
@@ -423,9 +427,12 @@ def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
     laws = scaling_law_intervals(fitted, laws, num_draws)
   out_dir = out_dir or os.path.join(workdirs[0], results.REPORT_DIR)
   os.makedirs(out_dir, exist_ok=True)
+  files.record_outputs(out_dir, [f"{name}.{f}" for name in ("phase_transition", "scaling_law")
+                                 for f in formats] + [
+      "critical_coverage.json", "critical_coverage.md", "points.json"])
   sizes = ", ".join(f"{n:,}" for n in sorted({s["space_size"] for s in series}))
   names = " + ".join(os.path.basename(os.path.abspath(w)) for w in workdirs)
-  title = f"{names}: |O| = {sizes}; {step} step"
+  title = f"{names}: |O| = {sizes}; {step} step" + ("" if finished else " (unfinished)")
   figures = phase_transition.plot(series, table, os.path.join(out_dir, "phase_transition"),
                                   step=step, formats=formats, rho_metric=rho_metric, title=title)
   if len(fitted) >= 2:
@@ -433,7 +440,7 @@ def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
         fitted, laws, os.path.join(out_dir, "scaling_law"), title=title, formats=formats)
   summary = {"workdirs": [os.path.abspath(w) for w in workdirs], "step": step, "threshold": THRESHOLD,
              "metric": rho_metric, "critical_coverage": table, "scaling_law": laws,
-             "num_replicas": len(selected),
+             "finished": finished, "num_replicas": len(selected),
              "num_diverged": sum(bool(r["diverged"]) for r in selected), "figures": figures}
   files.write_json(os.path.join(out_dir, "critical_coverage.json"), summary)
   files.write_atomic(os.path.join(out_dir, "critical_coverage.md"),

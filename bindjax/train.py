@@ -136,6 +136,10 @@ class RunSpec:
           tuple(space_values) if isinstance(space_values, (list, tuple)) else space_values,
           max_objects, num_concepts=num_concepts)
       space.check_enumerable("training (a permutation of all object ids)")
+      if space.num_objects < 2:
+        # With one object there is nothing to tell apart: every accuracy would be 1.
+        raise ValueError(f"values_per_concept={list(space.values_per_concept)} gives "
+                         f"|O| = {space.num_objects} object; expected at least 2 objects")
     except ValueError as e:
       raise ValueError(f"config.space: {e}") from None
     try:

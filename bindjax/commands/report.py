@@ -52,5 +52,8 @@ def main(argv):
   if summary["scaling_law"]:
     law = summary["scaling_law"][summary["scaling_law"]["best"]]
     print(f"scaling law: {law['formula']}, a={law['a']:.4g}, b={law['b']:.4g}, R2={law['r2']:.3f}")
-  print("wrote", ", ".join(summary["figures"]))
+  unfinished = ("" if summary["finished"] else
+                f" (the sweep is unfinished: no {results.DONE_FILE} yet, so this covers the "
+                f"{summary['num_replicas']} replicas with rows so far)")
+  print("wrote", ", ".join(summary["figures"]) + unfinished)
   return 0
