@@ -297,10 +297,10 @@ def encode_replicas(params_R, model, space, ids_U, objects_NxKxC, num_objects_N,
   (docs/extraction.md, "Probe vectors")."""
   tokens_NxL = np.asarray(space.scene_tokens(objects_NxKxC, num_objects_N))
   z_RxNxD = _encode(params_R, model, "scene", tokens_NxL, batch_size)
-  concept_q = _probe_vectors(model, _encode(params_R, model, "query",
-                                            np.asarray(space.concept_query_tokens()), batch_size))
-  object_q = _probe_vectors(model, _encode(
-      params_R, model, "query", np.asarray(space.object_query_tokens(ids_U)), batch_size))
+  concept_tokens = np.asarray(space.concept_query_tokens())
+  queries = np.concatenate([concept_tokens, np.asarray(space.object_query_tokens(ids_U))])
+  q_RxQxD = _probe_vectors(model, _encode(params_R, model, "query", queries, batch_size))
+  concept_q, object_q = np.split(q_RxQxD, [len(concept_tokens)], axis=1)
   offsets = space.concept_token_offsets
   probes = {f"concept_{c}": concept_q[:, offsets[c]:offsets[c] + v]
             for c, v in enumerate(space.values_per_concept)}
