@@ -317,9 +317,14 @@ def run(config, workdir, out, step="final", mesh=None, log=print, progress=True)
       log(f"replica {index}: {status}; not fitted")
   to_fit = [[p for p, r in enumerate(b.replicas) if evaluations[r.index][0] == "fitted"]
             for b in buckets]
-  bar, on_eval = progress_lib.loss_bar(
-      sum(map(len, to_fit)) * len(names) * fitting.eval_steps(fit_config)[-1], "model-step",
-      progress)
+  total = sum(map(len, to_fit)) * len(names) * fitting.eval_steps(fit_config)[-1]
+  bars = []   # the bar starts with the first fit step, so a refusal before it prints one line
+
+  def on_eval(units_done, loss_M):
+    if not bars:
+      bars.append(progress_lib.loss_bar(total, "model-step", progress))
+    bars[0][1](units_done, loss_M)
+
   fitted, timings, infos, saved = {}, [], [], []
   try:
     for bucket, positions in zip(buckets, to_fit):
@@ -331,7 +336,8 @@ def run(config, workdir, out, step="final", mesh=None, log=print, progress=True)
         infos.extend(bucket_infos)
         saved.extend(sets if config.save_embeddings else [])
   finally:
-    bar.close()
+    for bar, _ in bars:
+      bar.close()
   # A replica that was not fitted still has a row per family, its fit columns empty.
   empty = [dict(dict.fromkeys(("fit_learning_rate", "fit_seed", *FIT_COLUMNS, "fit_diverged")),
                 name=name, family=family) for name, family in names]
