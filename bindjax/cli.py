@@ -16,6 +16,7 @@ COMMANDS = {
     "interventions-table": "interventions_table",
     "mds": "mds",
     "extract": "extract",
+    "binding": "binding",
 }
 
 _USAGE = """usage: bindjax <command> [--flags]
@@ -32,6 +33,7 @@ commands:
   interventions-table collect intervention summaries into Markdown and LaTeX tables
   mds                 MDS geometry of quadruples
   extract             trained dual encoder -> embedding set (--workdir=RUN [--replica=N] --objects=all|train|held-out)
+  binding             approximators fitted to every replica of a sweep vs its held-out accuracy (--workdir=SWEEP --config=experiments/binding.py:ARG)
 
 `bindjax <command> --help` lists a command's flags."""
 

@@ -67,14 +67,43 @@ def _read_run(workdir):
   return config, replicas, buckets
 
 
-def load_workdir(workdir, which="best", replica=None):
-  """TrainedModel of one replica of a `bindjax train` or `bindjax sweep` workdir.
+@dataclasses.dataclass(frozen=True)
+class TrainedBucket:
+  """Parameters of every replica of one sweep bucket (leading axis R, in bucket order), with
+  the object space, each replica's coverage split and the step its parameters are from."""
+  params: dict
+  model: models.ModelConfig
+  space: world.ObjectSpace
+  splits: list          # world.CoverageSplit per replica
+  steps: np.ndarray     # int [R]
+  checkpoints: list     # "best" or "latest" per replica (what its parameters are)
+  replicas: list        # the sweep's Replica of each row
+  workdir: str
 
-  replica: its index in replicas.json; may be omitted when the workdir holds one replica (a
-  `bindjax train` run). which: "best" (the parameters at the replica's best held-out object
-  accuracy; the latest ones when the run kept no best or has not evaluated yet) or "latest".
-  Reads the bucket's newest checkpoint. ValueError naming what is missing or wrong; reads only:
-  never creates files in the workdir.
+  def trained(self, position):
+    """TrainedModel of the replica at `position` in this bucket."""
+    replica = self.replicas[position]
+    return TrainedModel(
+        params=jax.tree.map(lambda x: x[position], self.params), model=self.model,
+        space=self.space, split=self.splits[position], step=int(self.steps[position]),
+        source={"source": "bindjax_workdir", "workdir": self.workdir, "replica": replica.index,
+                "checkpoint": self.checkpoints[position],
+                "coordinates": replica.coordinates()})
+
+
+def read_buckets(workdir):
+  """(config, replicas, buckets) of a `bindjax train` or `bindjax sweep` workdir (ValueError
+  naming what is wrong)."""
+  return _read_run(os.path.abspath(os.fspath(workdir)))
+
+
+def load_bucket(workdir, bucket, which="best", run=None):
+  """TrainedBucket of bucket number `bucket` of a `bindjax train` or `bindjax sweep` workdir.
+
+  which: "best" (each replica's parameters at its best held-out object accuracy; the latest ones
+  for a replica the run kept no best for or that has not evaluated yet) or "latest". Reads the
+  bucket's newest checkpoint once. run: `read_buckets(workdir)` when the caller has it already.
+  ValueError naming what is missing or wrong; reads only: never creates files in the workdir.
   """
   from bindjax import checkpoint  # pylint: disable=g-import-not-at-top
   from bindjax import parallel  # pylint: disable=g-import-not-at-top
@@ -83,18 +112,8 @@ def load_workdir(workdir, which="best", replica=None):
   if which not in CHECKPOINTS:
     raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
   workdir = os.path.abspath(os.fspath(workdir))
-  config, replicas, buckets = _read_run(workdir)
-  if replica is None:
-    if len(replicas) != 1:
-      raise ValueError(f"workdir {workdir} holds {len(replicas)} replicas: pass --replica=N, "
-                       f"N in 0..{len(replicas) - 1} ({results.REPLICAS_FILE} lists them)")
-    replica = 0
-  if not 0 <= replica < len(replicas):
-    raise ValueError(f"replica={replica}: expected 0..{len(replicas) - 1} (workdir {workdir} "
-                     f"holds {len(replicas)} replicas)")
-  chosen = replicas[replica]
-  bucket = buckets[chosen.bucket]
-  position = bucket.replicas.index(chosen)
+  config, _, buckets = run or _read_run(workdir)
+  bucket = buckets[bucket]
   directory = results.bucket_checkpoint_dir(workdir, bucket.index)
   if not _has_steps(directory):
     raise ValueError(f"workdir {workdir}: no checkpoint under {directory} (expected <step>/ "
@@ -116,18 +135,48 @@ def load_workdir(workdir, which="best", replica=None):
                      f"of {results.CONFIG_FILE}: {type(e).__name__}: {e}") from None
   finally:
     ckpt.close()
-  best_step = int(state["best"]["step"][position]) if keep_best else -1
-  if which == "best" and best_step >= 0:
-    params, step = state["best"]["params"], best_step
-  else:
-    which, params = "latest", state["train"].params
-    step = int(state["train"].step[position])
-  params = jax.tree.map(lambda x: x[position], params)
-  return TrainedModel(params=params, model=bucket.spec.model, space=bucket.spec.space,
-                      split=bucket.splits[position], step=step,
-                      source={"source": "bindjax_workdir", "workdir": workdir,
-                              "replica": replica, "checkpoint": which,
-                              "coordinates": chosen.coordinates()})
+  size = len(bucket.replicas)
+  latest = jax.tree.map(lambda x: np.asarray(x)[:size], state["train"].params)
+  steps = np.asarray(state["train"].step)[:size].astype(np.int64)
+  use_best = np.zeros(size, bool)
+  params = latest
+  if which == "best" and keep_best:
+    best_steps = np.asarray(state["best"]["step"])[:size]
+    use_best = best_steps >= 0
+    steps = np.where(use_best, best_steps, steps)
+    params = jax.tree.map(
+        lambda b, l: np.where(use_best.reshape((-1,) + (1,) * (l.ndim - 1)), np.asarray(b)[:size],
+                              l), state["best"]["params"], latest)
+  return TrainedBucket(params=params, model=bucket.spec.model, space=bucket.spec.space,
+                       splits=list(bucket.splits), steps=steps,
+                       checkpoints=["best" if b else "latest" for b in use_best],
+                       replicas=list(bucket.replicas), workdir=workdir)
+
+
+def load_workdir(workdir, which="best", replica=None):
+  """TrainedModel of one replica of a `bindjax train` or `bindjax sweep` workdir.
+
+  replica: its index in replicas.json; may be omitted when the workdir holds one replica (a
+  `bindjax train` run). which: as in `load_bucket`. ValueError naming what is missing or wrong;
+  reads only: never creates files in the workdir.
+  """
+  from bindjax import results  # pylint: disable=g-import-not-at-top
+  if which not in CHECKPOINTS:
+    raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
+  workdir = os.path.abspath(os.fspath(workdir))
+  run = _read_run(workdir)
+  _, replicas, buckets = run
+  if replica is None:
+    if len(replicas) != 1:
+      raise ValueError(f"workdir {workdir} holds {len(replicas)} replicas: pass --replica=N, "
+                       f"N in 0..{len(replicas) - 1} ({results.REPLICAS_FILE} lists them)")
+    replica = 0
+  if not 0 <= replica < len(replicas):
+    raise ValueError(f"replica={replica}: expected 0..{len(replicas) - 1} (workdir {workdir} "
+                     f"holds {len(replicas)} replicas)")
+  chosen = replicas[replica]
+  loaded = load_bucket(workdir, chosen.bucket, which, run)
+  return loaded.trained(buckets[chosen.bucket].replicas.index(chosen))
 
 
 def load_reference(path, values_per_concept=None, split_path=None):
@@ -185,14 +234,16 @@ def object_ids_for(trained, objects):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tower"))
-def _apply_tower(params, tokens_BxL, config, tower):
+def _apply_towers(params_R, tokens_BxL, config, tower):
   method = (models.DualEncoder.encode_scenes if tower == "scene"
             else models.DualEncoder.encode_queries)
-  return models.DualEncoder(config).apply({"params": params}, tokens_BxL, method=method)
+  return jax.vmap(lambda p: models.DualEncoder(config).apply({"params": p}, tokens_BxL,
+                                                             method=method))(params_R)
 
 
-def _encode(trained, tower, tokens_NxL, batch_size):
-  fn = functools.partial(_apply_tower, config=trained.model, tower=tower)
+def _encode(params_R, config, tower, tokens_NxL, batch_size):
+  """[R, N, D] outputs of one tower for every replica of params_R (float32 host numpy)."""
+  fn = functools.partial(_apply_towers, config=config, tower=tower)
   n = len(tokens_NxL)
   # Chunks of a power-of-two size: few compiled shapes across object subsets.
   size = min(batch_size, 1 << max(n - 1, 0).bit_length())
@@ -202,30 +253,29 @@ def _encode(trained, tower, tokens_NxL, batch_size):
     pad = size - len(chunk)
     if pad:  # one compiled shape: pad the last chunk with copies of its first row
       chunk = np.concatenate([chunk, np.repeat(chunk[:1], pad, axis=0)])
-    out.append(np.asarray(fn(trained.params, jnp.asarray(chunk)))[:size - pad])
-  return np.concatenate(out).astype(np.float32)
+    out.append(np.asarray(fn(params_R, jnp.asarray(chunk)))[:, :size - pad])
+  return np.concatenate(out, axis=1).astype(np.float32)
 
 
-def _probe_vectors(trained, q_QxD):
-  if trained.model.similarity == "dot":
-    return q_QxD[:, :-1]
-  return q_QxD / (models.NORM_EPS + np.linalg.norm(q_QxD, axis=-1, keepdims=True))
+def _probe_vectors(config, q_RxQxD):
+  if config.similarity == "dot":
+    return q_RxQxD[..., :-1]
+  return q_RxQxD / (models.NORM_EPS + np.linalg.norm(q_RxQxD, axis=-1, keepdims=True))
 
 
-def extract(trained, objects="all", single_objects=False, batch_size=4096):
-  """EmbeddingSet of all ordered pairs of the chosen objects, with probe vectors.
-
-  See docs/extraction.md.
-  """
-  space = trained.space
+def check_pairs(model, space):
+  """ValueError unless a model of `model` on `space` can embed two-object scenes."""
   if space.max_objects < 2:
     raise ValueError(f"scenes are pairs of objects but the model was trained with max_objects="
                      f"{space.max_objects}")
-  if (trained.model.scene_length, trained.model.query_length) != (space.scene_length,
-                                                                  space.query_length):
-    raise ValueError(f"model lengths {trained.model.scene_length}/{trained.model.query_length} "
+  if (model.scene_length, model.query_length) != (space.scene_length, space.query_length):
+    raise ValueError(f"model lengths {model.scene_length}/{model.query_length} "
                      f"do not match the space's {space.scene_length}/{space.query_length}")
-  ids_U = object_ids_for(trained, objects)
+
+
+def pair_scenes(space, ids_U, single_objects=False):
+  """(objects [N, K, C], num_objects [N]) of every ordered pair of the objects ids_U, row-major,
+  optionally preceded by each object alone (docs/extraction.md, "Scenes")."""
   values_UxC = space.object_values(ids_U)
   num_u, num_c = len(ids_U), space.num_concepts
   first_P, second_P = world.ordered_pairs(num_u)
@@ -238,23 +288,56 @@ def extract(trained, objects="all", single_objects=False, batch_size=4096):
     singles[:, 0] = values_UxC
     objects_NxKxC = np.concatenate([singles, objects_NxKxC])
     num_objects_N = np.concatenate([np.ones(num_u, np.int32), num_objects_N])
+  return objects_NxKxC, num_objects_N
+
+
+def encode_replicas(params_R, model, space, ids_U, objects_NxKxC, num_objects_N,
+                    batch_size=4096):
+  """Scene embeddings [R, N, D] of the given scenes and probe vectors of the objects ids_U for
+  every replica of the stacked parameters params_R (leading axis R): one vmapped forward pass
+  per chunk of batch_size scenes. Probes: {"concept_{c}": [R, V_c, D'], "object": [R, U, D']}
+  (docs/extraction.md, "Probe vectors")."""
   tokens_NxL = np.asarray(space.scene_tokens(objects_NxKxC, num_objects_N))
-  z_NxD = _encode(trained, "scene", tokens_NxL, batch_size)
-  concept_q = _probe_vectors(trained, _encode(
-      trained, "query", space.concept_query_tokens(), batch_size))
-  object_q = _probe_vectors(trained, _encode(
-      trained, "query", np.asarray(space.object_query_tokens(ids_U)),
-      batch_size))
+  z_RxNxD = _encode(params_R, model, "scene", tokens_NxL, batch_size)
+  concept_tokens = np.asarray(space.concept_query_tokens())
+  queries = np.concatenate([concept_tokens, np.asarray(space.object_query_tokens(ids_U))])
+  q_RxQxD = _probe_vectors(model, _encode(params_R, model, "query", queries, batch_size))
+  concept_q, object_q = np.split(q_RxQxD, [len(concept_tokens)], axis=1)
   offsets = space.concept_token_offsets
-  probes = {f"concept_{c}": concept_q[offsets[c]:offsets[c] + v]
+  probes = {f"concept_{c}": concept_q[:, offsets[c]:offsets[c] + v]
             for c, v in enumerate(space.values_per_concept)}
   probes["object"] = object_q
+  return z_RxNxD, probes
+
+
+def embedding_set(trained, objects, ids_U, objects_NxKxC, num_objects_N, z_NxD, probes):
+  """The validated EmbeddingSet of one replica's embeddings and probes, with its provenance
+  (source, step, objects, similarity and, when the model has one, its coverage split)."""
   provenance = dict(trained.source, step=trained.step, objects=objects,
-                    object_ids=ids_U.tolist(), similarity=trained.model.similarity,
-                    single_objects=bool(single_objects), model="bindjax dual encoder")
+                    object_ids=np.asarray(ids_U).tolist(), similarity=trained.model.similarity,
+                    single_objects=bool((num_objects_N == 1).any()),
+                    model="bindjax dual encoder")
   if trained.split is not None:
     provenance["coverage"] = float(trained.split.coverage)
-  out = embeddings.EmbeddingSet(z_NxD, objects_NxKxC, num_objects_N, space.values_per_concept,
-                                provenance=provenance, probes=probes)
+    provenance["coverage_split"] = {"permutation": trained.split.permutation.tolist(),
+                                    "num_train": trained.split.num_train}
+  out = embeddings.EmbeddingSet(z_NxD, objects_NxKxC, num_objects_N,
+                                trained.space.values_per_concept, provenance=provenance,
+                                probes=probes)
   out.validate()
   return out
+
+
+def extract(trained, objects="all", single_objects=False, batch_size=4096):
+  """EmbeddingSet of all ordered pairs of the chosen objects, with probe vectors.
+
+  See docs/extraction.md.
+  """
+  check_pairs(trained.model, trained.space)
+  ids_U = object_ids_for(trained, objects)
+  objects_NxKxC, num_objects_N = pair_scenes(trained.space, ids_U, single_objects)
+  params_1 = jax.tree.map(lambda x: x[None], trained.params)
+  z_1xNxD, probes = encode_replicas(params_1, trained.model, trained.space, ids_U,
+                                    objects_NxKxC, num_objects_N, batch_size)
+  return embedding_set(trained, objects, ids_U, objects_NxKxC, num_objects_N, z_1xNxD[0],
+                       {name: v[0] for name, v in probes.items()})

@@ -333,10 +333,13 @@ def _compiled(spec, mesh, hyper, chunk, options, keep_best):
     abstract_state = abstract_bucket_state(spec, mesh, hyper, keep_best)
     step_scalar = jax.ShapeDtypeStruct((), jnp.int32,
                                        sharding=parallel.replicated_sharding(mesh))
-    _PROGRAM_CACHE[key] = (
-        init_fn.lower(hyper).compile(options),
-        step_fn.lower(abstract_state, hyper).compile(options),
-        eval_fn.lower(abstract_state, hyper, step_scalar).compile(options))
+    # Sharding must never change the random numbers a replica sees; set for these programs
+    # only, so importing bindjax changes no global JAX setting.
+    with jax.threefry_partitionable(True):
+      _PROGRAM_CACHE[key] = (
+          init_fn.lower(hyper).compile(options),
+          step_fn.lower(abstract_state, hyper).compile(options),
+          eval_fn.lower(abstract_state, hyper, step_scalar).compile(options))
   return _PROGRAM_CACHE[key]
 
 

@@ -55,6 +55,9 @@ def get_config(arg="smoke"):
   c.models = "mlp:1024,product,sum_product"
   c.embed_dim = 0               # slot embedding width; 0 = embedding width D
   c.train_fractions = tuple(round(0.1 * i, 1) for i in range(1, 10))
+  # "random": a random object split per train fraction and seed; "coverage": the set's own
+  # coverage split (a set of all objects extracted from a bindjax run; train_fractions unused).
+  c.split = "random"
   c.seeds = (0,)
   c.learning_rates = (1e-2,)
   c.steps = fit.steps

@@ -33,6 +33,7 @@ def run(argv, capsys, monkeypatch=None):
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPLEXITY = os.path.join(REPO, "experiments", "complexity.py")
 GEOMETRY = os.path.join(REPO, "experiments", "geometry.py")
+BINDING = os.path.join(REPO, "experiments", "binding.py")
 
 
 def commands(bad_input, out):
@@ -45,6 +46,8 @@ def commands(bad_input, out):
       "interventions-table": ["interventions-table", f"--summaries={bad_input}",
                               f"--workdir={out}"],
       "report": ["report", f"--workdir={bad_input}", f"--out={out}"],
+      "binding": ["binding", f"--workdir={bad_input}", f"--config={BINDING}:smoke",
+                  f"--out={out}"],
       "probe": ["probe", f"--embeddings={bad_input}", f"--workdir={out}", "--steps=10"],
       "complexity": ["complexity", f"--config={COMPLEXITY}:smoke",
                      f"--config.embeddings={bad_input}", f"--workdir={out}"],
@@ -90,7 +93,11 @@ def test_non_empty_output_is_a_usage_error_and_is_left_alone(tmp_path, capsys, m
     (["probe", f"--embeddings={DATA}", "--train_fraction=1.5"], "train_fraction"),
     (["decompose", f"--embeddings={DATA}", f"--config={GEOMETRY}:smoke",
       "--config.decomposition.banks=avg"], "'avg'"),
-    (["report", f"--workdir={DATA}", "--bootstrap=0"], "--bootstrap=0"),
+    (["report", f"--workdir={DATA}", "--draws=0"], "--draws=0"),
+    (["binding", f"--workdir={DATA}", f"--config={BINDING}:smoke", "--config.fit.eval_every=7"],
+     "eval_every=7"),
+    (["binding", f"--workdir={DATA}", f"--config={BINDING}:smoke", "--config.models=cubic"],
+     "'cubic'"),
     (["train", f"--config={REPO}/experiments/train.py:smoke", "--config.coverage=1.5"],
      "config.coverage=1.5"),
     (["sweep", f"--config={REPO}/experiments/coverage_sweep.py:smoke",
@@ -99,7 +106,7 @@ def test_non_empty_output_is_a_usage_error_and_is_left_alone(tmp_path, capsys, m
 def test_bad_settings_are_usage_errors_and_write_nothing(tmp_path, capsys, monkeypatch, argv,
                                                          named):
   out = tmp_path / "out"
-  if argv[0] != "report":
+  if argv[0] not in ("report", "binding"):
     argv = argv + [f"--workdir={out}"]
   else:
     argv = argv + [f"--out={out}"]

@@ -352,7 +352,7 @@ def test_sweep_results_feed_the_report(reference, tmp_path, metric):
     assert all(r[f"{prefix}/binding_scenes"] >= 0 for r in evals)
   out = str(tmp_path / "report")
   assert cli.main(["report", f"--workdir={workdir}", f"--out={out}", "--step=final",
-                   "--bootstrap=20", f"--metric={metric}"]) == 0
+                   "--draws=20", f"--metric={metric}"]) == 0
   assert os.path.getsize(os.path.join(out, "phase_transition.png")) > 0
   summary = json.load(open(os.path.join(out, "critical_coverage.json")))
   assert summary["metric"] == {"accuracy": "heldout/object_accuracy_{K}obj",

@@ -13,14 +13,15 @@ DIR/description_length.json and .csv.
 Config fields (--config.FIELD=VALUE): embeddings (set directory); models (comma list:
 mlp:W1xW2.., additive, product, product:W, sum_product, sum_product:W, per_object_product,
 per_object_sum_product, per_object_sum_product:W); train_fractions, seeds, learning_rates
-(tuples: the grid); steps, eval_every, schedule (constant as the original, or cosine),
-eval_cadence (original: after steps 1, 101, …; end: after 100, 200, …); embed_dim (slot
-embedding width, 0 = D); probes (auto | stored | fit), probes_file (a probes.npz of `bindjax
-probe`), probe_steps, probe_similarity; chunk_size (auto | none | n models at once),
-memory_bytes; restarts (initialisations tried inside each fit, the best kept; 1 = a single
-start as the original), restart_steps (steps of each candidate), restart_holdout (0: keep the
-lowest training loss; h: the lowest error on a held-out share h of the training objects);
-trees, tree_models, tree_estimators; description_length (on/off),
+(tuples: the grid); split (random: one random object split per fraction and seed; coverage: the
+set's own coverage split, recorded by `bindjax extract --objects=all`); steps, eval_every,
+schedule (constant as the original, or cosine), eval_cadence (original: after steps 1, 101, …;
+end: after 100, 200, …); embed_dim (slot embedding width, 0 = D); probes (auto | stored | fit),
+probes_file (a probes.npz of `bindjax probe`), probe_steps, probe_similarity; chunk_size (auto |
+none | n models at once), memory_bytes; restarts (initialisations tried inside each fit, the
+best kept; 1 = a single start as the original), restart_steps (steps of each candidate),
+restart_holdout (0: keep the lowest training loss; h: the lowest error on a held-out share h of
+the training objects); trees, tree_models, tree_estimators; description_length (on/off),
 dl_block_fractions (block boundaries as fractions of the objects), dl_restarts (fits per block
 and learning rate), dl_precision (coding precision relative to the embeddings' scale). A
 non-empty DIR is refused unless --overwrite.

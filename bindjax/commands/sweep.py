@@ -62,7 +62,7 @@ def main(argv):
   elif fv["report"].value and parallel.is_writer():
     from bindjax import report  # pylint: disable=g-import-not-at-top
     try:
-      summary = report.make_report(fv["workdir"].value, num_bootstrap=200)
+      summary = report.make_report(fv["workdir"].value, num_draws=200)
       print("report:", ", ".join(summary["figures"]))
     except ValueError as e:
       print(f"report skipped: {e}")

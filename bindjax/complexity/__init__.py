@@ -4,5 +4,6 @@ concept values reproduce its embedding on objects never seen in training.
 Modules: `data` (scenes and object-level splits), `families` (approximators), `fitting`
 (batched fitting and scoring with frozen probes), `trees` (scikit-learn approximators on the same
 splits), `results` (CSV and the summary over seeds), `figure`, `description_length`
-(prequential code length per family), and `analysis` (the `bindjax complexity` flow).
+(prequential code length per family), `analysis` (the `bindjax complexity` flow) and `replicas`
+(every replica of a sweep fitted on its own split: the `bindjax binding` flow).
 """

@@ -30,6 +30,9 @@ from bindjax.complexity import trees
 from bindjax.probes import linear
 
 RESULTS_FILE = "results.json"
+# Object splits of the grid: "random" draws one per train fraction and seed; "coverage" uses the
+# set's own coverage split (a set extracted from a trained model, data_lib.recorded_split).
+SPLITS = ("random", "coverage")
 OUTPUT_FILES = (RESULTS_FILE, "results.csv", "summary.csv", "complexity.png")
 DESCRIPTION_LENGTH_FILES = ("description_length.json", "description_length.csv")
 
@@ -126,6 +129,12 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
     fit_config = fit_config_from(config)
     chunk_size = parallel.chunk_setting(config.chunk_size)
     code_config = code_config_from(config) if config.get("description_length") else None
+    split_kind = config.get("split", "random")
+    if split_kind not in SPLITS:
+      raise ValueError(f"split={split_kind!r}: expected one of {SPLITS}")
+    if split_kind == "coverage" and (config.trees or code_config is not None):
+      raise ValueError("split='coverage' fits the grid's models only; set trees=False and "
+                       "description_length=False")
   if embedding_set is None:
     embedding_set = embeddings.read_embeddings(config.embeddings)
   vpc = tuple(embedding_set.values_per_concept)
@@ -141,6 +150,7 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
     probes, probe_source = frozen_probes(embedding_set, config.probes, probe_config, progress)
   probe_s = time.perf_counter() - start
   data, _ = data_lib.from_set(embedding_set)
+  split = data_lib.recorded_split(embedding_set) if split_kind == "coverage" else None
   all_rows = np.ones(data.num_scenes, bool)
   probe_check = {
       k: float(np.asarray(v)[0]) for k, v in fitting.evaluate_predictions(
@@ -149,8 +159,9 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
   log(f"probes ({probe_source}) on the real {data.num_scenes} K-object scenes: concept acc "
       f"{probe_check['concept_acc']:.3f}, object acc {probe_check['object_acc']:.3f}")
   with errors.config_errors():
-    entries = fitting.grid_entries(models, config.train_fractions, config.seeds,
-                                   config.learning_rates)
+    fractions = config.train_fractions if split is None else (split[1] / data.num_unique,)
+    entries = [dataclasses.replace(e, split=split) for e in fitting.grid_entries(
+        models, fractions, config.seeds, config.learning_rates)]
   start = time.perf_counter()
   bar, on_eval = progress_lib.loss_bar(len(entries) * fitting.eval_steps(fit_config)[-1],
                                    "model-step", progress)
@@ -177,7 +188,7 @@ def run(config, workdir, embedding_set=None, log=print, progress=True):
   summary_rows = results.summarize_seeds(rows)
   summary = {
       "config": config.to_dict(), "embeddings": embedding_set.provenance,
-      "num_scenes": data.num_scenes, "num_objects": data.num_unique,
+      "num_scenes": data.num_scenes, "num_objects": data.num_unique, "split": split_kind,
       "probes": probe_source, "probe_accuracy_on_real": probe_check, "probe_s": probe_s,
       "grid_s": grid_s, "eval_steps": fitting.eval_steps(fit_config), "buckets": infos,
       "masks": list(data_lib.MASKS), "summary": summary_rows, "rows": rows,

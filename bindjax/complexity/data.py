@@ -33,6 +33,16 @@ class ComplexityData:
 
 
 @flax.struct.dataclass
+class OwnTargets:
+  """Embeddings and probes of several models of the same scenes (leading axis M on every leaf):
+  a fit given one of them (`fitting.fit_grid`'s `own`) trains on and is scored by its own model's
+  embeddings and probes, e.g. every replica of a sweep (docs/binding.md)."""
+  targets_MxNxD: jax.Array
+  sq_dev_MxN: jax.Array         # squared_deviation of each model's targets
+  probes: linear.ProbeWeights
+
+
+@flax.struct.dataclass
 class Points:
   """Per-model arrays of a batch (leading axis M)."""
   learning_rate_M: jax.Array
@@ -55,11 +65,33 @@ def prepare(embeddings_NxD, objects_NxKxC, num_objects_N, values_per_concept,
   labels = linear.probe_labels(objects_NxKxC, num_objects_N, values_per_concept,
                                scene_object_ids_NxK, num_unique).take(rows)
   targets_NxD = embeddings_NxD[rows]
-  sq_dev_N = ((targets_NxD - targets_NxD.mean(0)) ** 2).sum(-1)
+  sq_dev_N = squared_deviation(targets_NxD)
   data = ComplexityData(jnp.asarray(objects_NxKxC[rows], jnp.int32), jnp.asarray(targets_NxD),
                         jnp.asarray(np.asarray(scene_object_ids_NxK)[rows], jnp.int32), labels,
                         jnp.asarray(sq_dev_N), int(num_unique))
   return data, rows
+
+
+def squared_deviation(targets_NxD):
+  """‖y_n − ȳ‖² of every scene, ȳ the mean of all scenes (the R² denominator; host numpy)."""
+  targets_NxD = np.asarray(targets_NxD, np.float32)
+  return ((targets_NxD - targets_NxD.mean(0)) ** 2).sum(-1)
+
+
+def own_targets(targets_MxNxD, probes):
+  """OwnTargets of M models' embeddings of the scenes of a ComplexityData (in its row order)
+  and their stacked ProbeWeights."""
+  targets_MxNxD = np.asarray(targets_MxNxD, np.float32)
+  return OwnTargets(targets_MxNxD, np.stack([squared_deviation(t) for t in targets_MxNxD]),
+                    probes)
+
+
+def with_own(data, probes, own):
+  """(data, probes) of one model: with its own embeddings and probes when it has them (own: one
+  row of an OwnTargets, or None)."""
+  if own is None:
+    return data, probes
+  return data.replace(targets_NxD=own.targets_MxNxD, sq_dev_N=own.sq_dev_MxN), own.probes
 
 
 def from_set(embedding_set):
@@ -67,6 +99,21 @@ def from_set(embedding_set):
   ids_NxK, unique_UxC = embedding_set.object_ids()
   return prepare(embedding_set.embeddings, embedding_set.objects, embedding_set.num_objects,
                  tuple(embedding_set.values_per_concept), ids_NxK, len(unique_UxC))
+
+
+def recorded_split(embedding_set):
+  """(permutation, training count) of the coverage split that `bindjax extract` recorded in an
+  embedding set of all objects, in the set's object numbering (ValueError when it has none)."""
+  provenance = embedding_set.provenance
+  if "coverage_split" not in provenance:
+    raise ValueError("embedding set: its provenance records no coverage split; expected a set "
+                     "that `bindjax extract --objects=all` wrote from a trained model")
+  if provenance.get("objects") != "all":
+    raise ValueError(f"embedding set: objects={provenance.get('objects')!r}; its coverage "
+                     "split needs a set of all objects (`bindjax extract --objects=all`)")
+  # Pairs listed row-major over ascending ids: the set's numbering is the object ids.
+  split = provenance["coverage_split"]
+  return given_split(len(provenance["object_ids"]), split["permutation"], split["num_train"])
 
 
 def object_split(num_unique, fraction, seed):
@@ -88,16 +135,33 @@ def scene_masks(object_ids_NxK, permutation_U, num_train):
   return jnp.stack([train_only, test_only, ~(train_only | test_only)])
 
 
-def make_points(num_unique, fractions, seeds, learning_rates):
-  """Points for every (fraction, seed, lr) given as equal-length sequences; keys from seeds."""
+def make_points(num_unique, fractions, seeds, learning_rates, splits=None):
+  """Points for every (fraction, seed, lr) given as equal-length sequences; keys from seeds.
+
+  splits: per point None (the seed's random `object_split` of the fraction) or a given split
+  (permutation [U] of the object ids, training count in 1..U), e.g. a trained model's own
+  coverage split.
+  """
   perms, counts = [], []
-  for f, s in zip(fractions, seeds):
-    perm_U, count = object_split(num_unique, f, s)
+  for f, s, split in zip(fractions, seeds, splits or [None] * len(fractions)):
+    perm_U, count = object_split(num_unique, f, s) if split is None else given_split(
+        num_unique, *split)
     perms.append(perm_U)
     counts.append(count)
   keys_Mx2 = np.stack([np.asarray(jax.random.PRNGKey(int(s))) for s in seeds])
   return Points(np.asarray(learning_rates, np.float32), np.stack(perms).astype(np.int32),
                 np.asarray(counts, np.int32), keys_Mx2.astype(np.uint32))
+
+
+def given_split(num_unique, permutation, num_train):
+  """(permutation, training count) checked against U objects (ValueError otherwise)."""
+  perm_U = np.asarray(permutation)
+  if perm_U.shape != (num_unique,) or not np.array_equal(np.sort(perm_U), np.arange(num_unique)):
+    raise ValueError(f"object split: expected a permutation of the {num_unique} object ids, got "
+                     f"shape {perm_U.shape}")
+  if not 1 <= int(num_train) <= num_unique:
+    raise ValueError(f"object split: {num_train} training objects; expected 1..{num_unique}")
+  return perm_U.astype(np.int32), int(num_train)
 
 
 def mask_counts(data, points):

@@ -7,7 +7,9 @@ its train-only scenes alone: the scenes are gathered once per fit and padded to 
 count of the batch, and `fit_grid` batches together only splits of similar training counts, so
 little padding is computed. After the steps listed by `eval_steps`, a separate compiled program
 scores every model on all scenes (three masks) with frozen linear probes. The host drives the
-loop between compiled chunks of steps, which lets callers show progress.
+loop between compiled chunks of steps, which lets callers show progress. Models may also bring
+their own targets and probes over the same scenes (`own`, data.OwnTargets: e.g. every replica
+of a sweep) and their own object split (GridEntry.split).
 """
 import dataclasses
 import functools
@@ -185,29 +187,30 @@ def _init_points(points, model, chunk_size, num_shards):
   return _map_models(lambda p: _init_one(p, model), chunk_size, num_shards)(points)
 
 
+# `own`: the models' own targets and probes (data_lib.OwnTargets, leading axis M) or None.
 @functools.partial(jax.jit, static_argnames=("model", "config", "chunk_size", "num_shards"))
-def _select_points(points, rows_MxT, valid_MxT, score_MxN, data, model, config, chunk_size,
+def _select_points(points, rows_MxT, valid_MxT, score_MxN, data, own, model, config, chunk_size,
                    num_shards):
-  fn = _map_models(lambda p, r, v, s: _select_one(p, r, v, s, data, model, config), chunk_size,
-                   num_shards)
-  return fn(points, rows_MxT, valid_MxT, score_MxN)
+  fn = _map_models(lambda p, r, v, s, o: _select_one(
+      p, r, v, s, data_lib.with_own(data, None, o)[0], model, config), chunk_size, num_shards)
+  return fn(points, rows_MxT, valid_MxT, score_MxN, own)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "config", "chunk_size", "num_shards"),
                    donate_argnames=("state",))
-def _train_points(points, state, rows_MxT, valid_MxT, first_step, num_steps, data, model,
+def _train_points(points, state, rows_MxT, valid_MxT, first_step, num_steps, data, own, model,
                   config, chunk_size, num_shards):
-  fn = _map_models(
-      lambda p, s, r, v: _train_one(p, s, r, v, first_step, num_steps, data, model, config),
+  fn = _map_models(lambda p, s, r, v, o: _train_one(
+      p, s, r, v, first_step, num_steps, data_lib.with_own(data, None, o)[0], model, config),
       chunk_size, num_shards)
-  return fn(points, state, rows_MxT, valid_MxT)
+  return fn(points, state, rows_MxT, valid_MxT, own)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "config", "chunk_size", "num_shards"))
-def _evaluate_points(points, params, data, probes, model, config, chunk_size, num_shards):
-  fn = _map_models(lambda p, w: _evaluate_one(p, w, data, probes, model, config), chunk_size,
-                   num_shards)
-  return fn(points, params)
+def _evaluate_points(points, params, data, probes, own, model, config, chunk_size, num_shards):
+  fn = _map_models(lambda p, w, o: _evaluate_one(p, w, *data_lib.with_own(data, probes, o),
+                                                 model, config), chunk_size, num_shards)
+  return fn(points, params, own)
 
 
 def bytes_per_model(model, num_train_scenes, num_scenes, num_unique):
@@ -257,13 +260,15 @@ def auto_mesh(num_models, devices=None):
 
 
 def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto",
-               memory_bytes=None, on_eval=None, keep_params=False):
+               memory_bytes=None, on_eval=None, keep_params=False, own=None):
   """Fits M models of one shape (M = len of points) as one compiled batch over the mesh.
 
   chunk_size: "auto", None (all at once) or an int. "auto" is 1 on a single CPU device (see
   `_map_models`), else from `bytes_per_model` and device memory.
   on_eval: called after every evaluation as on_eval(steps_done_in_this_eval, train_loss_M).
   keep_params: also return the trained parameters (host numpy, leading axis M) as info["params"].
+  own: data_lib.OwnTargets with one row per model: each model trains on and is scored by its own
+  targets and probes (data's targets and `probes` are then unused).
   Returns (history dict of numpy [M, num_evals, ...], info dict with timings and chunking).
   """
   config.validate()
@@ -272,7 +277,8 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto"
   shards = parallel.num_replica_shards(mesh)
   rows_MxT, valid_MxT = data_lib.training_rows(data, points)
   selection = restart_masks(data, points, config) if config.restarts > 1 else ()
-  padded, valid = parallel.pad_to_multiple((points, rows_MxT, valid_MxT, selection), shards)
+  padded, valid = parallel.pad_to_multiple((points, rows_MxT, valid_MxT, selection, own),
+                                          shards)
   per_device = len(valid) // shards
   if chunk_size == "auto" and shards == 1 and mesh.devices.flat[0].platform == "cpu":
     chunk_size = 1  # Unbatched, one model at a time: see _map_models.
@@ -281,7 +287,7 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto"
     chunk_size = parallel.choose_chunk_size(
         bytes_per_model(model, rows_MxT.shape[1], data.num_scenes, data.num_unique)
         * config.restarts, per_device, num_shards=shards, memory_bytes=memory_bytes)
-  points_s, rows_s, valid_s, selection_s = parallel.shard_replicas(padded, mesh)
+  points_s, rows_s, valid_s, selection_s, own_s = parallel.shard_replicas(padded, mesh)
   data_r, probes_r = jax.device_put((data, probes), parallel.replicated_sharding(mesh))
   statics = {"model": model, "chunk_size": chunk_size, "num_shards": shards}
   start = time.perf_counter()
@@ -289,18 +295,18 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto"
   if config.restarts == 1:
     initial = _init_points.lower(points_s, **statics).compile()(points_s)
   else:
-    select = _select_points.lower(points_s, *selection_s, data_r, config=config,
+    select = _select_points.lower(points_s, *selection_s, data_r, own_s, config=config,
                                   **statics).compile()
     select_start = time.perf_counter()
-    initial, *selected = select(points_s, *selection_s, data_r)
+    initial, *selected = select(points_s, *selection_s, data_r, own_s)
     selected = parallel.to_host(selected)
     select_s = time.perf_counter() - select_start
   # Placed like the points, so every training call takes and returns the same sharding.
   state = jax.device_put(initial, parallel.replica_sharding(mesh))
   zero = np.int32(0)
-  train = _train_points.lower(points_s, state, rows_s, valid_s, zero, zero, data_r,
+  train = _train_points.lower(points_s, state, rows_s, valid_s, zero, zero, data_r, own_s,
                               config=config, **statics).compile()
-  evaluate = _evaluate_points.lower(points_s, state[0], data_r, probes_r, config=config,
+  evaluate = _evaluate_points.lower(points_s, state[0], data_r, probes_r, own_s, config=config,
                                     **statics).compile()
   compile_s = time.perf_counter() - start - select_s
   train_s = eval_s = 0.0
@@ -308,11 +314,11 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto"
   for step in eval_steps(config):
     start = time.perf_counter()
     state, loss_M = train(points_s, state, rows_s, valid_s, np.int32(done), np.int32(step - done),
-                          data_r)
+                          data_r, own_s)
     loss_M = parallel.to_host(loss_M)[:num_models]
     train_s += time.perf_counter() - start
     start = time.perf_counter()
-    metrics = parallel.to_host(evaluate(points_s, state[0], data_r, probes_r))
+    metrics = parallel.to_host(evaluate(points_s, state[0], data_r, probes_r, own_s))
     eval_s += time.perf_counter() - start
     metrics["train_loss"] = loss_M
     history.append(metrics)
@@ -372,6 +378,10 @@ class GridEntry:
   train_fraction: float
   seed: int
   learning_rate: float
+  # (permutation, training count) to use instead of the seed's random split of train_fraction.
+  split: tuple | None = None
+  # Row of fit_grid's `own` whose targets and probes this fit uses (None: the data's).
+  own_index: int | None = None
 
 
 def grid_entries(models, fractions, seeds, learning_rates):
@@ -380,15 +390,16 @@ def grid_entries(models, fractions, seeds, learning_rates):
           for s in seeds for lr in learning_rates]
 
 
-def batches_by_count(counts):
+def batches_by_count(counts, pad_ratio=PAD_RATIO):
   """Groups of indices into `counts` (train-only scene counts) that are fitted together.
 
-  Sorted by count; a group's largest count is at most PAD_RATIO times its smallest (≥ 1).
+  Sorted by count; a group's largest count is at most pad_ratio times its smallest (≥ 1);
+  pad_ratio=inf makes one group.
   """
   order = np.argsort(-np.asarray(counts), kind="stable")
   groups = []
   for i in order:
-    if groups and max(counts[groups[-1][0]], 1) <= PAD_RATIO * max(counts[i], 1):
+    if groups and max(counts[groups[-1][0]], 1) <= pad_ratio * max(counts[i], 1):
       groups[-1].append(int(i))
     else:
       groups.append([int(i)])
@@ -396,12 +407,14 @@ def batches_by_count(counts):
 
 
 def fit_grid(entries, data, probes, config, mesh=None, chunk_size="auto", memory_bytes=None,
-             on_eval=None):
+             on_eval=None, own=None, pad_ratio=PAD_RATIO):
   """Fits every entry: one jit(vmap) per approximator shape and training-count batch.
 
   Returns (result rows in entry order, infos per batch). Each row holds the grid coordinates,
   scene counts per mask, the summary of `summarize` and the full evaluation history (lists
-  over evaluations; masks in data.MASKS order). on_eval: as in `fit_models`.
+  over evaluations; masks in data.MASKS order). on_eval: as in `fit_models`. own: a
+  data_lib.OwnTargets whose rows the entries' own_index select (all entries then need one).
+  pad_ratio: as in `batches_by_count` (fewer compiled batches against more padded arithmetic).
   """
   config.validate()
   by_model = {}
@@ -412,12 +425,15 @@ def fit_grid(entries, data, probes, config, mesh=None, chunk_size="auto", memory
   for model, indices in by_model.items():
     group = [entries[i] for i in indices]
     points = data_lib.make_points(data.num_unique, [e.train_fraction for e in group],
-                                  [e.seed for e in group], [e.learning_rate for e in group])
+                                  [e.seed for e in group], [e.learning_rate for e in group],
+                                  [e.split for e in group])
     counts = data_lib.mask_counts(data, points)
-    for batch in batches_by_count(counts[:, 0]):
+    for batch in batches_by_count(counts[:, 0], pad_ratio):
       sub = jax.tree_util.tree_map(lambda x, b=batch: np.asarray(x)[b], points)
+      own_sub = None if own is None else jax.tree_util.tree_map(
+          lambda x, b=batch: np.asarray(x)[[group[i].own_index for i in b]], own)
       history, info = fit_models(model, data, probes, sub, config, mesh, chunk_size,
-                                 memory_bytes, on_eval)
+                                 memory_bytes, on_eval, own=own_sub)
       infos.append(info)
       for j, (b, summary) in enumerate(zip(batch, summarize(history, config))):
         e = group[b]

@@ -1,0 +1,368 @@
+"""Every replica's binding function: the approximator families fitted to each replica of a sweep
+on its own coverage split, beside the replica's held-out accuracy (docs/binding.md).
+
+`run(config, workdir, out, step)` is the `bindjax binding` flow. Per bucket of the sweep, one
+checkpoint restore gives every replica's parameters (best or final, `extract.load_bucket`), one
+vmapped forward pass embeds every two-object scene of the bucket's objects with each replica's
+scene tower and gives each replica's concept and object probe vectors from its query tower
+(`extract.encode_replicas`). Then every family is fitted to every replica's embeddings by the
+complexity engine (`fitting.fit_grid` with `own` targets): one fit per replica, trained on the
+scenes of that replica's training objects and scored by that replica's probes, so test-only
+scenes hold only objects the replica never saw. Fits of one family in a bucket run as one
+compiled batch per training-count group (`fitting.batches_by_count`).
+
+Replicas that diverged in training, or have no evaluation at the chosen step, are reported with
+that status and not fitted. Outputs (OUT): results.json (config, timings, every row, the rank
+correlations), results.csv (one row per replica and family), correlations.md, the figure
+binding_fits.png/.pdf and, with `save_embeddings`, each fitted replica's embedding set under
+embeddings/replica_NNNN (as `bindjax extract --objects=all` writes it).
+"""
+import dataclasses
+import os
+import time
+
+import jax
+import numpy as np
+from scipy import stats
+
+from bindjax import errors
+from bindjax import extract
+from bindjax import files
+from bindjax import parallel
+from bindjax import progress as progress_lib
+from bindjax import report
+from bindjax import results
+from bindjax.complexity import data as data_lib
+from bindjax.complexity import families
+from bindjax.complexity import fitting
+from bindjax.complexity import results as complexity_results
+from bindjax.probes import linear
+
+RESULTS_FILE = "results.json"
+CSV_FILE = "results.csv"
+CORRELATIONS_FILE = "correlations.md"
+FIGURE_STEM = "binding_fits"
+EMBEDDINGS_DIR = "embeddings"
+STATUSES = ("fitted", "diverged", "not_evaluated")
+# The held-out figure the fits are compared with, and the fit quality on the x axis.
+ACCURACY_COLUMN = "heldout/object_accuracy_maxobj"
+QUALITY_COLUMN = "final_test_only_r2"
+# Replica columns from the sweep: its coordinates, then metrics of its evaluation row.
+REPLICA_COLUMNS = ("replica", "bucket", "C", "V", "K", "space_size", "coverage", "seed",
+                   "learning_rate", "weight_decay", "model", "num_train_objects")
+# Row name -> the sweep's metric ("{K}": the replica's largest number of objects per scene).
+SWEEP_METRICS = {
+    "heldout/object_accuracy": results.SELECTION_METRIC,
+    ACCURACY_COLUMN: report.BINDING_METRIC,
+    "heldout/binding": "heldout/binding",
+    "heldout/concept_accuracy": report.CONCEPT_METRIC,
+    "train/object_accuracy_maxobj": "train/object_accuracy_{K}obj",
+    "train/binding": "train/binding",
+}
+# Fit columns of a complexity row kept per replica and family.
+FIT_COLUMNS = (
+    "name", "family", "num_parameters", "steps", "restarts", "num_train_only_scenes",
+    "num_test_only_scenes", "num_mixed_scenes", "final_train_loss", "best_test_r2",
+    "best_test_object_acc", *[f"final_{m}_{k}" for k in ("r2", "object_acc", "concept_acc", "mse")
+                              for m in data_lib.MASKS])
+CSV_COLUMNS = (*REPLICA_COLUMNS, "status", "step", "checkpoint", "diverged_step",
+               *SWEEP_METRICS, "fit_learning_rate", "fit_seed", *FIT_COLUMNS, "fit_diverged")
+
+
+def fit_config_from(config):
+  """FitConfig of a binding config's `fit` fields (ValueError naming a bad field)."""
+  try:
+    return fitting.FitConfig(**config.fit.to_dict()).validate()
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"fit: {e}") from None
+
+
+def replica_evaluations(workdir, step):
+  """{replica index: (status, evaluation row or None, diverged step or None)} of every replica
+  of the sweep in workdir at `step` ("best" | "final"; `results.select_evaluations`)."""
+  rows = results.read_rows(workdir)
+  if not rows:
+    raise ValueError(f"workdir {workdir}: no result rows in {results.RESULTS_FILE}; run "
+                     "`bindjax sweep` first")
+  chosen = {r["replica"]: r for r in results.select_evaluations(rows, step)}
+  diverged_at = {r["replica"]: r["diverged_step"] for r in rows if r.get("kind") == "diverged"}
+  out = {}
+  for coordinates in results.read_replicas(workdir):
+    index = coordinates["replica"]
+    row = chosen.get(index)
+    if index in diverged_at:
+      status = "diverged"
+    else:
+      status = "fitted" if row is not None else "not_evaluated"
+    out[index] = (status, row, diverged_at.get(index))
+  return out
+
+
+def stacked_probes(sets):
+  """ProbeWeights of embedding sets' stored probes, stacked along a leading set axis."""
+  weights = [linear.probes_to_weights(s.probes, tuple(s.values_per_concept)) for s in sets]
+  return jax.tree_util.tree_map(lambda *x: np.stack(x), *weights)
+
+
+def _take(tree, positions):
+  return jax.tree_util.tree_map(lambda x: np.asarray(x)[positions], tree)
+
+
+def _check_steps(loaded, positions, evaluations, step):
+  for p in positions:
+    replica = loaded.replicas[p]
+    row_step = evaluations[replica.index][1]["step"]
+    if int(loaded.steps[p]) != row_step:
+      raise ValueError(
+          f"replica {replica.index}: its {loaded.checkpoints[p]} parameters in the checkpoint are "
+          f"from step {int(loaded.steps[p])} but its {step} evaluation in "
+          f"{results.RESULTS_FILE} is at step {row_step} (is the sweep finished; does it keep "
+          "the best parameters, config.checkpoint.keep_best?)")
+
+
+def _mesh(num_models, mesh):
+  return mesh if mesh is not None else fitting.auto_mesh(num_models)
+
+
+def encode_bucket(loaded, positions, batch_size, mesh=None):
+  """(embedding sets, seconds) of the replicas at `positions` of a TrainedBucket: every ordered
+  pair of all objects through one vmapped forward pass of the replicas, sharded over the mesh."""
+  space = loaded.space
+  ids_U = np.arange(space.num_objects, dtype=np.int32)
+  objects_NxKxC, num_objects_N = extract.pair_scenes(space, ids_U)
+  mesh = _mesh(len(positions), mesh)
+  padded, _ = parallel.pad_to_multiple(_take(loaded.params, positions),
+                                       parallel.num_replica_shards(mesh))
+  start = time.perf_counter()
+  z_RxNxD, probes = extract.encode_replicas(parallel.shard_replicas(padded, mesh), loaded.model,
+                                            space, ids_U, objects_NxKxC, num_objects_N,
+                                            batch_size)
+  seconds = time.perf_counter() - start
+  sets = [extract.embedding_set(loaded.trained(p), "all", ids_U, objects_NxKxC, num_objects_N,
+                                z_RxNxD[i], {k: v[i] for k, v in probes.items()})
+          for i, p in enumerate(positions)]
+  return sets, seconds
+
+
+def fit_replicas(sets, models, fit_config, learning_rate, fit_seed, mesh=None,
+                 chunk_size="auto", memory_bytes=None, on_eval=None,
+                 pad_ratio=fitting.PAD_RATIO):
+  """Fits every model to every embedding set (one bucket's replicas: the same scenes) on the
+  set's own coverage split, scored by the set's own probes. Returns (complexity rows, model-major
+  then set order; fit infos). pad_ratio: as in `fitting.batches_by_count`."""
+  data, rows = data_lib.from_set(sets[0])
+  own = data_lib.own_targets(np.stack([s.embeddings[rows] for s in sets]), stacked_probes(sets))
+  splits = [data_lib.recorded_split(s) for s in sets]
+  entries = [fitting.GridEntry(model, split[1] / data.num_unique, fit_seed, learning_rate,
+                               split=split, own_index=i)
+             for model in models for i, split in enumerate(splits)]
+  return fitting.fit_grid(entries, data, None, fit_config, mesh, chunk_size, memory_bytes,
+                          on_eval, own=own, pad_ratio=pad_ratio)
+
+
+def replica_row(coordinates, status, evaluation, diverged_step):
+  """The replica part of a result row: coordinates, status and its sweep metrics."""
+  row = {k: coordinates.get(k) for k in REPLICA_COLUMNS}
+  row.update(status=status, diverged_step=diverged_step,
+             step=None if evaluation is None else evaluation["step"])
+  k = coordinates["K"]
+  for name, metric in SWEEP_METRICS.items():
+    row[name] = None if evaluation is None else evaluation.get(metric.replace("{K}", str(k)))
+  return row
+
+
+def fit_part(fit, fit_config, learning_rate, fit_seed):
+  """The fit part of a result row; metrics of a mask without scenes are None, not 0 or 1."""
+  part = {k: fit.get(k) for k in FIT_COLUMNS}
+  for mask in data_lib.MASKS:
+    if not fit[f"num_{mask}_scenes"]:
+      for key in ("r2", "object_acc", "concept_acc", "mse"):
+        part[f"final_{mask}_{key}"] = None
+      if mask == "test_only":
+        part["best_test_r2"] = part["best_test_object_acc"] = None
+  part.update(fit_learning_rate=learning_rate, fit_seed=fit_seed, fit_diverged=fit["diverged"],
+              steps=fit_config.steps)
+  return part
+
+
+def rank_correlation(x, y, num_bootstrap=1000, level=0.95, seed=0):
+  """Spearman's ρ of the finite pairs (x, y) and its percentile bootstrap interval over
+  resampled pairs: {"rho", "interval", "num_points"}; ρ None with fewer than 3 pairs or a
+  constant side, interval None when fewer than half the resamples give a ρ."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  keep = np.isfinite(x) & np.isfinite(y)
+  x, y = x[keep], y[keep]
+  out = {"rho": None, "interval": None, "num_points": int(x.size)}
+  if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+    return out
+  out["rho"] = float(stats.spearmanr(x, y).statistic)
+  rng = np.random.default_rng(seed)
+  samples = []
+  for _ in range(num_bootstrap):
+    pick = rng.integers(0, x.size, x.size)
+    if np.ptp(x[pick]) > 0 and np.ptp(y[pick]) > 0:
+      samples.append(stats.spearmanr(x[pick], y[pick]).statistic)
+  if len(samples) >= num_bootstrap / 2:
+    tail = 50 * (1 - level)
+    out["interval"] = [float(v) for v in np.percentile(samples, [tail, 100 - tail])]
+  return out
+
+
+def correlations(rows, num_bootstrap=1000):
+  """Per fitted model name: rank_correlation of ACCURACY_COLUMN against QUALITY_COLUMN over the
+  fitted replicas (and of ACCURACY_COLUMN against the train-only R², a control)."""
+  names = list(dict.fromkeys(r["name"] for r in rows if r["status"] == "fitted"))
+  out = []
+  for name in names:
+    fitted = [r for r in rows if r["name"] == name and r["status"] == "fitted"]
+    column = lambda key, fitted=fitted: [np.nan if r[key] is None else r[key] for r in fitted]
+    out.append({"name": name, "family": fitted[0]["family"],
+                "test_only": rank_correlation(column(QUALITY_COLUMN), column(ACCURACY_COLUMN),
+                                              num_bootstrap),
+                "train_only": rank_correlation(column("final_train_only_r2"),
+                                               column(ACCURACY_COLUMN), num_bootstrap)})
+  return out
+
+
+def correlations_markdown(table, step):
+  """The correlation table as Markdown."""
+  def cell(c):
+    if c["rho"] is None:
+      return f"– ({c['num_points']} replicas)"
+    interval = "" if c["interval"] is None else (
+        f" [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]")
+    return f"{c['rho']:.2f}{interval} ({c['num_points']})"
+  lines = [f"# Held-out accuracy vs fit quality ({step} step)", "",
+           f"Spearman's ρ of the replicas' `{ACCURACY_COLUMN}` against each fit's R², 95% "
+           "bootstrap interval over replicas, (replicas).", "",
+           "| approximator | test-only R² | train-only R² |", "|---|---|---|"]
+  for row in table:
+    lines.append(f"| {row['name']} | {cell(row['test_only'])} | {cell(row['train_only'])} |")
+  return "\n".join(lines) + "\n"
+
+
+def check_config(config):
+  """(FitConfig, chunk setting, [(name, family)] of the models) of a binding config;
+  errors.ConfigError when bad."""
+  with errors.config_errors():
+    fit_config = fit_config_from(config)
+    chunk = parallel.chunk_setting(config.chunk_size)
+    # Names and families do not depend on the shapes of the data.
+    names = [(m.name, m.family)
+             for m in families.parse_models(config.models, (2, 2), 2, 2, int(config.embed_dim))]
+    if not float(config.learning_rate) > 0:
+      raise ValueError(f"learning_rate={config.learning_rate}: expected > 0")
+    if not float(config.pad_ratio) >= 1:
+      raise ValueError(f"pad_ratio={config.pad_ratio}: expected ≥ 1 (inf: one batch)")
+    for name in ("encode_batch", "bootstrap"):
+      if int(config[name]) < 1:
+        raise ValueError(f"{name}={config[name]}: expected ≥ 1")
+  return fit_config, chunk, names
+
+
+def _fit_bucket(workdir, run_info, bucket, positions, evaluations, step, config, mesh, on_eval,
+                log):
+  """Encodes and fits the replicas at `positions` of a bucket. Returns ({replica index:
+  (checkpoint, fit rows in model order)}, timing dict, fit infos, embedding sets)."""
+  if bucket.spec.space.max_objects != 2:
+    raise ValueError(f"bucket {bucket.index}: max_objects={bucket.spec.space.max_objects}; "
+                     "the analysis embeds two-object scenes and needs K = 2")
+  fit_config, chunk, _ = check_config(config)
+  start = time.perf_counter()
+  loaded = extract.load_bucket(workdir, bucket.index, "best" if step == "best" else "latest",
+                               run_info)
+  _check_steps(loaded, positions, evaluations, step)
+  extract.check_pairs(loaded.model, loaded.space)
+  load_s = time.perf_counter() - start
+  sets, encode_s = encode_bucket(loaded, positions, int(config.encode_batch), mesh)
+  with errors.config_errors():
+    models = families.parse_models(config.models, loaded.space.values_per_concept, 2,
+                                   sets[0].dim, int(config.embed_dim))
+  start = time.perf_counter()
+  learning_rate, fit_seed = float(config.learning_rate), int(config.fit_seed)
+  fits, infos = fit_replicas(sets, models, fit_config, learning_rate, fit_seed, mesh, chunk,
+                             int(config.memory_bytes) or None, on_eval, float(config.pad_ratio))
+  fit_s = time.perf_counter() - start
+  fitted = {s.provenance["replica"]: (s.provenance["checkpoint"], []) for s in sets}
+  for fit, entry_set in zip(fits, sets * len(models)):   # fits: model-major, then set order
+    fitted[entry_set.provenance["replica"]][1].append(
+        fit_part(fit, fit_config, learning_rate, fit_seed))
+  timing = {"bucket": bucket.index, "replicas": len(positions),
+            "space_size": loaded.space.num_objects, "num_scenes": sets[0].num_scenes,
+            "load_s": load_s, "encode_s": encode_s, "fit_s": fit_s,
+            "compile_s": sum(i["compile_s"] for i in infos)}
+  log(f"bucket {bucket.index}: {len(positions)} replicas, |O| = {loaded.space.num_objects}, "
+      f"{sets[0].num_scenes} scenes; load {load_s:.1f} s, encode {encode_s:.1f} s, "
+      f"{len(models)} families fitted in {fit_s:.1f} s")
+  return fitted, timing, infos, sets
+
+
+def run(config, workdir, out, step="final", mesh=None, log=print, progress=True):
+  """The `bindjax binding` flow on the sweep in `workdir`; writes the outputs to `out` (made if
+  needed; the caller refuses a non-empty one) and returns the summary dict.
+
+  A bad config value raises errors.ConfigError; bad or unusable sweep data ValueError; nothing
+  is written before every bucket has been fitted. mesh: devices of the encoding and fits
+  (default: `fitting.auto_mesh` per batch).
+  """
+  fit_config, _, names = check_config(config)
+  if step not in results.STEPS:
+    raise errors.ConfigError(f"step={step!r}: expected one of {results.STEPS}")
+  workdir = os.path.abspath(os.fspath(workdir))
+  run_info = extract.read_buckets(workdir)
+  _, replicas, buckets = run_info
+  evaluations = replica_evaluations(workdir, step)
+  for index, (status, _, _) in evaluations.items():
+    if status != "fitted":
+      log(f"replica {index}: {status}; not fitted")
+  to_fit = [[p for p, r in enumerate(b.replicas) if evaluations[r.index][0] == "fitted"]
+            for b in buckets]
+  bar, on_eval = progress_lib.loss_bar(
+      sum(map(len, to_fit)) * len(names) * fitting.eval_steps(fit_config)[-1], "model-step",
+      progress)
+  fitted, timings, infos, saved = {}, [], [], []
+  try:
+    for bucket, positions in zip(buckets, to_fit):
+      if positions:
+        parts, timing, bucket_infos, sets = _fit_bucket(
+            workdir, run_info, bucket, positions, evaluations, step, config, mesh, on_eval, log)
+        fitted.update(parts)
+        timings.append(timing)
+        infos.extend(bucket_infos)
+        saved.extend(sets if config.save_embeddings else [])
+  finally:
+    bar.close()
+  # A replica that was not fitted still has a row per family, its fit columns empty.
+  empty = [dict(dict.fromkeys(("fit_learning_rate", "fit_seed", *FIT_COLUMNS, "fit_diverged")),
+                name=name, family=family) for name, family in names]
+  rows = []
+  for replica in replicas:
+    head = replica_row(replica.coordinates(), *evaluations[replica.index])
+    checkpoint, parts = fitted.get(replica.index, (None, empty))
+    rows.extend(dict(head, checkpoint=checkpoint, **part) for part in parts)
+  table = correlations(rows, int(config.bootstrap))
+  return _write(out, config, workdir, step, rows, table, timings, infos, saved, fit_config)
+
+
+def _write(out, config, workdir, step, rows, table, timings, infos, saved, fit_config):
+  from bindjax.plots import binding_fits  # pylint: disable=g-import-not-at-top
+  os.makedirs(out, exist_ok=True)
+  for es in saved:
+    es.save(os.path.join(out, EMBEDDINGS_DIR, f"replica_{es.provenance['replica']:04d}"),
+            overwrite=True)
+  figures = binding_fits.plot(rows, table, os.path.join(out, FIGURE_STEM), step,
+                              ACCURACY_COLUMN, QUALITY_COLUMN)
+  counts = {s: len({r["replica"] for r in rows if r["status"] == s}) for s in STATUSES}
+  fit_s = sum(t["fit_s"] for t in timings)
+  summary = {
+      "workdir": workdir, "step": step, "config": config.to_dict(),
+      "fit_config": dataclasses.asdict(fit_config), "replicas": counts,
+      "timings": timings, "fit_s": fit_s,
+      "fit_s_per_replica": fit_s / counts["fitted"] if counts["fitted"] else None,
+      "buckets": [{k: v for k, v in i.items() if k != "params"} for i in infos],
+      "correlations": table, "figures": figures, "rows": rows}
+  files.write_atomic(os.path.join(out, CSV_FILE),
+                     complexity_results.rows_to_csv(rows, CSV_COLUMNS))
+  files.write_atomic(os.path.join(out, CORRELATIONS_FILE), correlations_markdown(table, step))
+  files.write_json(os.path.join(out, RESULTS_FILE), summary, indent=1)
+  return summary

@@ -1,0 +1,59 @@
+"""Binding-fit figure: each replica's held-out accuracy against how well an approximator family
+fits its embeddings on scenes of objects it never saw; one panel per family (docs/binding.md)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
+import numpy as np  # noqa: E402
+
+from bindjax import files  # noqa: E402
+
+# R² below this is drawn at it (hollow marker): a failed fit's R² can be any negative number,
+# and Spearman's ρ depends on ranks only.
+R2_FLOOR = -1.0
+
+
+def plot(rows, correlations, path_stem, step, accuracy_column, quality_column,
+         formats=("png", "pdf")):
+  """Draws one panel per `correlations` entry from the fitted `rows` (colour: |O|), titled
+  with Spearman's ρ and its bootstrap interval; returns the written file paths."""
+  panels = max(1, len(correlations))
+  fig, axes = plt.subplots(1, panels, figsize=(3.4 * panels, 3.3), sharey=True,
+                           constrained_layout=True, squeeze=False)
+  axes = axes[0]
+  sizes = sorted({r["space_size"] for r in rows if r["status"] == "fitted"})
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for ax, entry in zip(axes, correlations):
+    for i, size in enumerate(sizes):
+      fitted = [r for r in rows if r["status"] == "fitted" and r["name"] == entry["name"]
+                and r["space_size"] == size and r[quality_column] is not None
+                and r[accuracy_column] is not None]
+      x = np.array([r[quality_column] for r in fitted], float)
+      y = np.array([r[accuracy_column] for r in fitted], float)
+      low = x < R2_FLOOR
+      color = colors[i % len(colors)]
+      ax.scatter(x[~low], y[~low], s=16, color=color, label=f"|O|={size:,}")
+      ax.scatter(np.full(low.sum(), R2_FLOOR), y[low], s=16, facecolors="none",
+                 edgecolors=color)
+    c = entry["test_only"]
+    title = entry["name"]
+    if c["rho"] is not None:
+      title += f"\nρ = {c['rho']:.2f}"
+      if c["interval"]:
+        title += f" [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]"
+    ax.set_title(title + f" (n = {c['num_points']})", fontsize=9)
+    ax.set_xlabel(f"test-only fit R² (hollow: < {R2_FLOOR:g})", fontsize=8)
+    ax.set_xlim(R2_FLOOR - 0.08, 1.05)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel(f"held-out object accuracy, 2-object scenes ({step} step)", fontsize=8)
+  if sizes:
+    axes[0].legend(fontsize=7, loc="upper left")
+  paths = []
+  for fmt in formats:
+    path = f"{path_stem}.{fmt}"
+    files.save_figure(fig, path, format=fmt, dpi=150)
+    paths.append(path)
+  plt.close(fig)
+  return paths

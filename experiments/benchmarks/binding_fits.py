@@ -1,0 +1,153 @@
+r"""Benchmark: the sweep-wide binding fits (`bindjax binding`) vs the same fits one replica at a time.
+
+  python experiments/benchmarks/binding_fits.py                      # cpu preset, 2,000 steps
+  python experiments/benchmarks/binding_fits.py --steps=200 --replicas=1,8,20
+
+Synthetic replicas shaped like the cpu sweep's |O| = 100 bucket: all 10,000 ordered pairs of
+C = 2, V = 10 objects, D = 32; replica r's embeddings are a random per-object sum plus a
+product term plus noise, its probes random, and its coverage split the sweep's own
+(`world.coverage_split`) at the cpu preset's coverages 0.3-0.9 and seeds 0, 1, .... The fitting
+does not depend on where the embeddings came from, so this times exactly what the command
+runs after encoding. Two ways, side by side, for every R:
+
+  batched     `replicas.fit_replicas` on all R replicas: per family one compiled batch per
+              group of similar training counts (`--pad_ratio`), as `bindjax binding` runs it
+  one by one  the same call with one replica at a time, as `bindjax complexity` on each
+              replica's extracted set runs it (timed once for the largest R; the first R of
+              those fits give every smaller R)
+
+Reports wall seconds, process CPU seconds (all threads; meaningful on a shared machine) and
+replicas per second of each, with compile and run time. Writes
+experiments/benchmarks/results/binding_fits.{json,md}.
+"""
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+RESULTS = os.path.join(HERE, "results")
+COVERAGES = (0.3, 0.5, 0.7, 0.8, 0.9)
+VALUES = (10, 10)
+DIM = 32
+
+
+def synthetic_sets(num, seed=0):
+  """`num` embedding sets of all pairs of the VALUES objects, each with its own coverage split."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from bindjax import extract  # pylint: disable=g-import-not-at-top
+  from bindjax import world  # pylint: disable=g-import-not-at-top
+  space = world.ObjectSpace(VALUES, 2)
+  ids_U = np.arange(space.num_objects, dtype=np.int32)
+  objects, num_objects = extract.pair_scenes(space, ids_U)
+  first, second = world.ordered_pairs(space.num_objects)
+  sets = []
+  for r in range(num):
+    rng = np.random.default_rng(seed + r)
+    vectors = rng.normal(size=(space.num_objects, DIM))
+    z = vectors[first] + vectors[second] + 0.5 * vectors[first] * vectors[second]
+    z = (z + 0.1 * rng.normal(size=z.shape)).astype(np.float32)
+    split = world.coverage_split(space, COVERAGES[r % len(COVERAGES)], r // len(COVERAGES))
+    probes = {f"concept_{c}": rng.normal(size=(v, DIM)) for c, v in enumerate(VALUES)}
+    probes["object"] = vectors
+    trained = extract.TrainedModel(params=None, model=_Similarity(), space=space, split=split,
+                                   step=0, source={"source": "benchmark", "replica": r})
+    sets.append(extract.embedding_set(trained, "all", ids_U, objects, num_objects, z, probes))
+  return sets
+
+
+class _Similarity:
+  similarity = "dot"
+
+
+def timed(fn):
+  wall, cpu = time.perf_counter(), time.process_time()
+  out = fn()
+  return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--config", default=os.path.join(REPO, "experiments", "binding.py") +
+                      ":cpu")
+  parser.add_argument("--steps", type=int, default=0, help="fit steps (0: the config's)")
+  parser.add_argument("--replicas", default="1,8,20")
+  parser.add_argument("--pad_ratio", type=float, default=0.0, help="0: the config's")
+  parser.add_argument("--out", default=os.path.join(RESULTS, "binding_fits"))
+  args = parser.parse_args(argv)
+  sys.path.insert(0, REPO)
+  import jax  # pylint: disable=g-import-not-at-top
+  from bindjax import files  # pylint: disable=g-import-not-at-top
+  from bindjax.commands import flags  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import families  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import replicas  # pylint: disable=g-import-not-at-top
+
+  config = flags.load_config(args.config)
+  if args.steps:
+    config.fit.steps = args.steps
+    config.fit.eval_every = min(int(config.fit.eval_every), args.steps)
+  if args.pad_ratio:
+    config.pad_ratio = args.pad_ratio
+  fit_config, chunk, _ = replicas.check_config(config)
+  counts = sorted(int(r) for r in args.replicas.split(","))
+  sets = synthetic_sets(counts[-1])
+  models = families.parse_models(config.models, VALUES, 2, DIM, int(config.embed_dim))
+
+  def fit(subset):
+    _, infos = replicas.fit_replicas(subset, models, fit_config, float(config.learning_rate),
+                                     int(config.fit_seed), None, chunk,
+                                     int(config.memory_bytes) or None, None,
+                                     float(config.pad_ratio))
+    return {"compile_s": sum(i["compile_s"] for i in infos),
+            "run_s": sum(i["run_s"] for i in infos), "batches": len(infos)}
+
+  load = os.getloadavg()
+  singles = []
+  for s in sets:
+    info, wall, cpu = timed(lambda s=s: fit([s]))
+    singles.append(dict(info, wall_s=wall, cpu_s=cpu))
+    print(f"one replica (coverage {s.provenance['coverage']}): {wall:.1f} s wall, "
+          f"{cpu:.1f} s CPU", flush=True)
+  rows = []
+  for r in counts:
+    info, wall, cpu = timed(lambda r=r: fit(sets[:r]))
+    alone = {k: sum(x[k] for x in singles[:r]) for k in ("wall_s", "cpu_s", "compile_s",
+                                                         "run_s", "batches")}
+    rows.append({"replicas": r, "batched": dict(info, wall_s=wall, cpu_s=cpu),
+                 "one_by_one": alone})
+    print(f"R={r}: batched {wall:.1f} s wall ({r / wall:.3f} replicas/s), one by one "
+          f"{alone['wall_s']:.1f} s ({r / alone['wall_s']:.3f} replicas/s)", flush=True)
+  lines = [f"# Binding fits: {', '.join(m.name for m in models)} × {fit_config.steps} steps, "
+           f"{sets[0].num_scenes:,} scenes, D={DIM}", "",
+           "| R | way | wall s | replicas/s (wall) | CPU s | replicas/s (CPU) | compile s | "
+           "run s | batches |", "|---|---|---|---|---|---|---|---|---|"]
+  for row in rows:
+    for way in ("batched", "one_by_one"):
+      t = row[way]
+      lines.append(f"| {row['replicas']} | {way.replace('_', ' ')} | {t['wall_s']:.1f} | "
+                   f"{row['replicas'] / t['wall_s']:.3f} | {t['cpu_s']:.1f} | "
+                   f"{row['replicas'] / t['cpu_s']:.3f} | {t['compile_s']:.1f} | "
+                   f"{t['run_s']:.1f} | {t['batches']} |")
+  largest = rows[-1]["batched"]
+  per_replica = largest["run_s"] / counts[-1]
+  lines += ["", f"Per replica at R={counts[-1]} (batched): {largest['wall_s'] / counts[-1]:.1f} s "
+            f"wall, of which {per_replica:.2f} s training and evaluation (compiles are per "
+            "batch, not per replica).",
+            f"Machine: {os.cpu_count()} CPUs, {jax.device_count()} JAX devices "
+            f"({jax.devices()[0].platform}); load average before {load}, after "
+            f"{os.getloadavg()} (shared machines: compare the ways, not the seconds).",
+            f"Command: `python experiments/benchmarks/binding_fits.py "
+            f"{' '.join(argv if argv is not None else sys.argv[1:])}`".replace(" `", "`")]
+  table = "\n".join(lines) + "\n"
+  print(table)
+  files.write_atomic(args.out + ".md", table)
+  files.write_json(args.out + ".json", {
+      "config": config.to_dict(), "models": [m.name for m in models],
+      "steps": fit_config.steps, "num_scenes": sets[0].num_scenes, "dim": DIM,
+      "devices": jax.device_count(), "platform": jax.devices()[0].platform,
+      "load_before": load, "load_after": os.getloadavg(), "singles": singles, "rows": rows})
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,167 @@
+"""`bindjax binding`: every replica of a sweep fitted by the complexity engine on its own split.
+
+Semantics: docs/binding.md. The rows must equal `bindjax extract --replica=N` followed by
+`bindjax complexity` with the set's own coverage split, fit for fit.
+"""
+import json
+import os
+import shutil
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from bindjax import cli
+from bindjax import files
+from bindjax import parallel
+from bindjax import results
+from bindjax.commands import flags
+from bindjax.complexity import replicas
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BINDING = os.path.join(REPO, "experiments", "binding.py")
+# One bucket of the smoke preset's model: |O| = 16, coverages 0.5 and 0.75, 2 seeds, 4 steps.
+SWEEP = [f"--config={REPO}/experiments/coverage_sweep.py:smoke", "--config.grid.spaces=((2,4),)",
+         "--config.grid.coverages=0.5,0.75", "--config.num_steps=4", "--config.eval.every=2",
+         "--config.eval.batches=1", "--config.log_every=2", "--config.checkpoint.every=2",
+         "--noprogress", "--noreport"]
+FAMILIES = "additive,sum_product,per_object_sum_product,mlp:16"
+FIT = ["--config.fit.steps=20", "--config.fit.eval_every=10"]
+COMPARED = ("final_train_loss", "best_test_r2", "best_test_object_acc",
+            *[f"final_{m}_{k}" for k in ("r2", "object_acc", "concept_acc", "mse")
+              for m in ("train_only", "test_only", "mixed")])
+
+
+def run_cli(monkeypatch, argv):
+  monkeypatch.setattr(sys, "argv", ["bindjax"] + argv)  # ml_collections reads overrides there
+  return cli.main(argv)
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("binding") / "sweep"
+  with pytest.MonkeyPatch.context() as mp:
+    assert run_cli(mp, ["sweep", *SWEEP, f"--workdir={workdir}"]) == 0
+  return workdir
+
+
+def binding_config(*overrides):
+  config = flags.load_config(f"{BINDING}:smoke")
+  config.models = FAMILIES
+  for item in FIT + list(overrides):
+    key, value = item[len("--config."):].split("=")
+    section, _, field = key.rpartition(".")
+    target = config[section] if section else config
+    target[field] = type(target[field])(value)
+  return config
+
+
+@pytest.mark.slow
+def test_every_replica_and_family_equals_extract_then_complexity(sweep_dir, tmp_path,
+                                                                 monkeypatch):
+  # All 4 replicas of a family in one batch, vmapped 2 per device on 2 devices.
+  mesh = parallel.make_mesh(devices=jax.devices()[:2])
+  summary = replicas.run(binding_config("--config.pad_ratio=inf", "--config.chunk_size=none"),
+                         sweep_dir, tmp_path / "binding", "best", mesh=mesh, progress=False)
+  rows = summary["rows"]
+  names = ["additive", "sum_product", "per_object_sum_product", "mlp[16]"]
+  assert sorted((r["replica"], r["name"]) for r in rows) == sorted(
+      (i, n) for i in range(4) for n in names)
+  assert all(r["status"] == "fitted" and r["checkpoint"] == "best" for r in rows)
+  assert [b["num_models"] for b in summary["buckets"]] == [4] * 4
+  best = {r["replica"]: r for r in results.select_evaluations(results.read_rows(sweep_dir))}
+  for row in rows:   # the replica's own evaluation and split sit beside its fits
+    assert row["step"] == best[row["replica"]]["step"]
+    assert row["heldout/object_accuracy_maxobj"] == best[row["replica"]][
+        "heldout/object_accuracy_2obj"]
+    assert row["num_train_objects"] == best[row["replica"]]["num_train_objects"]
+  csv_lines = (tmp_path / "binding" / "results.csv").read_text().splitlines()
+  assert len(csv_lines) == 1 + 16 and csv_lines[0].startswith("replica,bucket,")
+  json.loads((tmp_path / "binding" / "results.json").read_text())   # strict JSON
+  assert {os.path.basename(f) for f in summary["figures"]} == {"binding_fits.png",
+                                                               "binding_fits.pdf"}
+  for replica in (1, 2):   # coverage 0.5 seed 1, coverage 0.75 seed 0
+    sets = tmp_path / f"set{replica}"
+    assert run_cli(monkeypatch, ["extract", f"--workdir={sweep_dir}", f"--replica={replica}",
+                                 "--objects=all", f"--out={sets}"]) == 0
+    out = tmp_path / f"complexity{replica}"
+    assert run_cli(monkeypatch, [
+        "complexity", f"--config={REPO}/experiments/complexity.py:smoke",
+        f"--config.embeddings={sets}", f"--config.models={FAMILIES}", "--config.split=coverage",
+        "--config.seeds=0", "--config.learning_rates=0.01", "--config.steps=20",
+        "--config.eval_every=10", "--config.schedule=cosine", "--config.eval_cadence=end",
+        "--noprogress", f"--workdir={out}"]) == 0
+    alone = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["name"] for r in alone] == names
+    for single in alone:
+      (batched,) = [r for r in rows if r["replica"] == replica and r["name"] == single["name"]]
+      assert batched["num_test_only_scenes"] == single["num_test_only_scenes"] > 0
+      for key in COMPARED:
+        np.testing.assert_allclose(batched[key], single[key], rtol=2e-4, atol=2e-5,
+                                   err_msg=f"replica {replica} {single['name']} {key}")
+
+
+@pytest.mark.slow
+def test_a_diverged_replica_is_reported_and_not_fitted(sweep_dir, tmp_path):
+  workdir = tmp_path / "sweep"
+  shutil.copytree(sweep_dir, workdir)
+  rows = results.read_rows(workdir)
+  coordinates = results.read_replicas(workdir)[3]
+  files.write_jsonl(workdir / results.RESULTS_FILE, [r for r in rows if r["replica"] != 3 or
+                                                      r["step"] < 4] + [
+      dict(coordinates, kind="diverged", step=3, diverged=True, diverged_step=3)])
+  summary = replicas.run(binding_config("--config.models=additive,mlp:16",
+                                        "--config.fit.steps=10", "--config.fit.eval_every=10"),
+                         workdir, tmp_path / "out", "final", progress=False)
+  out = summary["rows"]
+  diverged = [r for r in out if r["replica"] == 3]
+  assert [r["name"] for r in diverged] == ["additive", "mlp[16]"]
+  assert all(r["status"] == "diverged" and r["diverged_step"] == 3 and r["step"] == 2
+             and r["final_test_only_r2"] is None for r in diverged)
+  assert all(r["status"] == "fitted" for r in out if r["replica"] != 3) and len(out) == 8
+  assert sum(b["num_models"] for b in summary["buckets"]) == 3 * 2
+  assert summary["replicas"] == {"fitted": 3, "diverged": 1, "not_evaluated": 0}
+  assert all(c["test_only"]["num_points"] == 3 for c in summary["correlations"])
+
+
+def test_rank_correlation_and_its_interval():
+  x = np.arange(10.0)
+  c = replicas.rank_correlation(x, x ** 3, num_bootstrap=200)
+  assert c["rho"] == pytest.approx(1.0) and c["interval"] == pytest.approx([1.0, 1.0])
+  c = replicas.rank_correlation([1, 2, np.nan, 4], [4, 3, 0, 1], num_bootstrap=200)
+  assert c["num_points"] == 3 and c["rho"] == pytest.approx(-1.0)
+  assert replicas.rank_correlation([1, 2], [1, 2])["rho"] is None
+  assert replicas.rank_correlation([1, 1, 1], [1, 2, 3])["rho"] is None
+
+
+@pytest.mark.slow
+def test_cli_errors_and_output_policy(sweep_dir, tmp_path, monkeypatch, capsys):
+  def run(argv):
+    monkeypatch.setattr(sys, "argv", ["bindjax"] + argv)
+    with pytest.raises(SystemExit) as e:
+      cli.main(argv)
+    return e.value.code, capsys.readouterr().err.splitlines()
+
+  out = tmp_path / "out"
+  base = ["binding", f"--workdir={sweep_dir}", f"--config={BINDING}:smoke", f"--out={out}"]
+  for argv, code, named in (
+      (["binding", f"--config={BINDING}:smoke"], 2, "--workdir is required"),
+      (base + ["--step=last"], 2, "--step"),
+      (base + ["--config.pad_ratio=0.5"], 2, "pad_ratio=0.5"),
+      (base + ["--config.fit.schedule=linear"], 2, "schedule='linear'"),
+      (["binding", f"--workdir={tmp_path}", f"--config={BINDING}:smoke", f"--out={out}"], 1,
+       "no config.json")):
+    status, err = run(argv)
+    assert status == code and len(err) == 1 and named in err[0], (argv, err)
+  assert not out.exists()
+  # Parameters that do not belong to the chosen evaluation: bad data, nothing written.
+  stale = tmp_path / "stale"
+  shutil.copytree(sweep_dir, stale)
+  rows = results.read_rows(stale)
+  files.write_jsonl(stale / results.RESULTS_FILE, rows + [
+      dict(r, step=6) for r in rows if r["kind"] == "eval" and r["step"] == 4])
+  status, err = run(["binding", f"--workdir={stale}", f"--config={BINDING}:smoke",
+                     f"--out={out}", "--step=final"])
+  assert status == 1 and len(err) == 1 and "from step 4" in err[0] and "step 6" in err[0], err
+  assert not out.exists()
