@@ -33,8 +33,9 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
+
+from bindjax import parallel
 
 _ITEMS = ("state", "metadata")
 # The metadata key under which a save records its checksums.
@@ -87,10 +88,7 @@ def tree_checksums(tree):
   """
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
   paths = [path for path, _ in flat]
-  sums = _sums([jnp.asarray(x) for _, x in flat])
-  if not sums.is_fully_addressable:
-    sums = sums.addressable_data(0)   # a full reduction is replicated on every process
-  sums = np.asarray(sums).tolist()
+  sums = parallel.to_host(_sums([jnp.asarray(x) for _, x in flat])).tolist()
   return {jax.tree_util.keystr(path): s for path, s in zip(paths, sums)}
 
 

@@ -217,14 +217,14 @@ def _damaged_copy(tmp_path, damage):
   return folder, pkl
 
 
-@pytest.mark.parametrize("damage", ["truncated", "empty", "object array"])
-@pytest.mark.parametrize("name", ["import", "probe", "interventions", "decompose", "complexity",
-                                  "mds"])
+# `import` reads folders written by the original code only, so not the native set.
+@pytest.mark.parametrize("name,damage", [
+    (name, damage) for damage in ("truncated", "empty", "object array")
+    for name in ("import", "probe", "interventions", "decompose", "complexity", "mds")
+    if (name, damage) != ("import", "object array")])
 def test_damaged_inputs_are_one_line_input_errors_naming_the_file(tmp_path, capsys, monkeypatch,
                                                                   name, damage):
   folder, damaged = _damaged_copy(tmp_path, damage)
-  if name == "import" and damage == "object array":
-    pytest.skip("import reads folders written by the original code, not native sets")
   out = tmp_path / "out"
   code, err = run(commands(folder, out)[name], capsys, monkeypatch)
   assert code == flags.INPUT_ERROR and len(err) == 1, err
