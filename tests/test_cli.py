@@ -24,7 +24,8 @@ def test_every_command_answers_help_with_its_own_flags(capsys):
   own_flag = {"train": "progress", "sweep": "coordinator_address", "report": "draws",
               "import": "reference", "probe": "train_fraction", "complexity": "config",
               "decompose": "embeddings", "interventions": "embeddings",
-              "interventions-table": "summaries", "mds": "quadruple", "extract": "objects"}
+              "interventions-table": "summaries", "mds": "quadruple", "extract": "objects",
+              "binding": "step"}
   assert set(own_flag) == set(cli.COMMANDS)
   for name in cli.COMMANDS:
     with pytest.raises(SystemExit) as e:

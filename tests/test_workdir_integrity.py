@@ -159,7 +159,7 @@ def test_readers_read_a_live_workdir_without_the_lock(reference, tmp_path, capsy
   holder = _holder(workdir)
   try:
     code, out, _ = _cli(["report", f"--workdir={workdir}", f"--out={tmp_path / 'report'}",
-                         "--bootstrap=5"], capsys, monkeypatch)
+                         "--draws=5"], capsys, monkeypatch)
     assert code == 0
     # The report of an unfinished sweep says so.
     assert "the sweep is unfinished" in out[-1]
@@ -234,7 +234,7 @@ def test_a_bad_line_before_the_last_stops_every_reader(reference, tmp_path, caps
   # A torn last line (a writer killed mid-append) is skipped, with a one-line warning.
   open(path, "w").write(reference[1] + '{"kind": "eval", "repl')
   code, _, err = _cli(["report", f"--workdir={workdir}", f"--out={tmp_path / 'r'}",
-                       "--bootstrap=5"], capsys, monkeypatch)
+                       "--draws=5"], capsys, monkeypatch)
   assert code == 0
   assert err == [f"bindjax report: warning: {path}:{len(lines) + 1}: skipped a torn last line "
                  "(a writer was killed while appending it)"]
@@ -321,7 +321,7 @@ def _assert_same_final_state(workdir, reference_workdir):
 def test_a_rerun_into_a_finished_workdir_changes_nothing(reference, tmp_path, capsys,
                                                          monkeypatch):
   workdir = _copy(reference, tmp_path)
-  report.make_report(workdir, num_bootstrap=5, formats=("png",))
+  report.make_report(workdir, num_draws=5, formats=("png",))
   before = _snapshot(workdir)
   code, out, _ = _cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress"],
                       capsys, monkeypatch)
@@ -331,7 +331,7 @@ def test_a_rerun_into_a_finished_workdir_changes_nothing(reference, tmp_path, ca
 
 def test_overwrite_removes_only_what_bindjax_recorded(reference, tmp_path, capsys, monkeypatch):
   workdir = _copy(reference, tmp_path)
-  report.make_report(workdir, num_bootstrap=5, formats=("png",))
+  report.make_report(workdir, num_draws=5, formats=("png",))
   mine = {os.path.join(workdir, "report", "my_figure.png"): b"a user's figure",
           os.path.join(workdir, "notes.txt"): b"a user's notes"}
   for path, data in mine.items():
