@@ -162,6 +162,6 @@ def test_cli_errors_and_output_policy(sweep_dir, tmp_path, monkeypatch, capsys):
   files.write_jsonl(stale / results.RESULTS_FILE, rows + [
       dict(r, step=6) for r in rows if r["kind"] == "eval" and r["step"] == 4])
   status, err = run(["binding", f"--workdir={stale}", f"--config={BINDING}:smoke",
-                     f"--out={out}", "--step=final"])
+                     f"--out={out}", "--step=final", "--noprogress"])
   assert status == 1 and len(err) == 1 and "from step 4" in err[0] and "step 6" in err[0], err
   assert not out.exists()

@@ -57,10 +57,6 @@ def plot(series, critical, path_stem, step="best", formats=("png", "pdf"),
     ax.grid(alpha=0.3)
   axes[0].set_ylabel(f"accuracy ({step} step)")
   axes[0].legend(fontsize=7, loc="upper left")
-  paths = []
-  for fmt in formats:
-    path = f"{path_stem}.{fmt}"
-    files.save_figure(fig, path, format=fmt, dpi=150)
-    paths.append(path)
+  paths = files.save_figures(fig, path_stem, formats, dpi=150)
   plt.close(fig)
   return paths
