@@ -1,6 +1,7 @@
 """`bindjax <command> [flags]`: dispatches to bindjax.commands.<command>.main(argv)."""
 import importlib
 import sys
+import warnings
 
 # Command name -> module under bindjax.commands; imported lazily so `bindjax --help` is instant.
 COMMANDS = {
@@ -51,11 +52,26 @@ def main(argv=None):
   module = importlib.import_module(f"bindjax.commands.{COMMANDS[name]}")
   from bindjax.compat import safe_pickle  # pylint: disable=g-import-not-at-top
   try:
-    return module.main([f"bindjax {name}"] + argv[1:]) or 0
+    with warnings.catch_warnings():
+      warnings.showwarning = _one_line_warning(f"bindjax {name}", warnings.showwarning)
+      return module.main([f"bindjax {name}"] + argv[1:]) or 0
   except safe_pickle.RefusedGlobalError as e:
     # Bad input like any other: refused before anything from the file ran or was written.
     print(f"bindjax {name}: {e}", file=sys.stderr)
     return 1
+
+
+def _one_line_warning(prog, show_others):
+  """A warnings.showwarning that prints bindjax's own warnings (a torn results line) as
+  "PROG: warning: MESSAGE" on one line to stderr and passes others to `show_others`."""
+  from bindjax import files  # pylint: disable=g-import-not-at-top
+
+  def show(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, files.TornLineWarning):
+      print(f"{prog}: warning: {message}", file=file or sys.stderr)
+    else:
+      show_others(message, category, filename, lineno, file, line)
+  return show
 
 
 if __name__ == "__main__":

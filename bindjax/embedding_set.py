@@ -9,7 +9,6 @@ probe_<name> for each probe) and `metadata.json` (values_per_concept, names, cap
 provenance, probe names). Written to a temporary directory next to the target, then renamed.
 """
 import dataclasses
-import json
 import os
 import shutil
 import tempfile
@@ -288,15 +287,15 @@ class EmbeddingSet:
       if not os.path.exists(path):
         raise ValueError(f"{directory}: not a bindjax embedding set ({os.path.basename(path)} "
                          "missing)")
-    with open(meta_path) as f:
-      meta = json.load(f)
+    meta = files.read_json(meta_path)
+    if not isinstance(meta, dict):
+      raise ValueError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT:
       raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     if meta.get("format_version", 0) > FORMAT_VERSION:
       raise ValueError(f"{meta_path}: format_version {meta['format_version']} is newer than "
                        f"this bindjax reads ({FORMAT_VERSION})")
-    with np.load(arrays_path, allow_pickle=False) as arrays:
-      data = {k: arrays[k] for k in arrays.files}
+    data = files.read_arrays(arrays_path)
     for key in ("embeddings", "objects", "num_objects"):
       if key not in data:
         raise ValueError(f"{arrays_path}: array {key!r} missing")

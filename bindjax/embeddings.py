@@ -2,9 +2,9 @@
 
 Semantics: docs/frozen.md. Formats: docs/file_formats.md.
 """
-import json
 import os
 
+from bindjax import files
 from bindjax.compat import reference
 from bindjax.embedding_set import EmbeddingSet  # noqa: F401  (re-exported: the public name)
 from bindjax.embedding_set import FORMAT
@@ -16,9 +16,9 @@ def read_embeddings(path):
   path = os.fspath(path)
   meta = os.path.join(path, METADATA_FILE)
   if os.path.exists(meta):
-    with open(meta) as f:
-      if json.load(f).get("format") == FORMAT:
-        return EmbeddingSet.load(path)
+    found = files.read_json(meta)
+    if isinstance(found, dict) and found.get("format") == FORMAT:
+      return EmbeddingSet.load(path)
   if os.path.exists(os.path.join(path, "dataset.pkl")) or os.path.exists(
       os.path.join(path, "dataset.json")):
     return reference.read_reference_folder(path)

@@ -128,6 +128,8 @@ def load_bucket(workdir, bucket, which="best", run=None):
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
         jax.eval_shape(lambda h: sweep.init_bucket_state(h, bucket.spec, keep_best), hyper))
     _, state, _ = ckpt.restore(abstract)
+  except checkpoint.CorruptCheckpointError as e:
+    raise ValueError(f"workdir {workdir}: {e}") from None
   except Exception as e:  # orbax raises many types for mismatched trees
     raise ValueError(f"workdir {workdir}: the checkpoint in {directory} does not match the models "
                      f"of {results.CONFIG_FILE}: {type(e).__name__}: {e}") from None

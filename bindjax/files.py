@@ -1,4 +1,5 @@
-"""Result files: atomic writes (temp name in the same directory, then os.replace) and JSONL reads.
+"""Result files: atomic writes (temp name in the same directory, then os.replace), JSONL reads
+that tolerate only a torn last line, and the record of a directory's bindjax outputs.
 
 Every module that writes a result goes through here, so a killed process never leaves a
 half-written file under the final name.
@@ -8,6 +9,9 @@ import json
 import math
 import os
 import secrets
+import shutil
+import warnings
+import zipfile
 
 import numpy as np
 
@@ -78,30 +82,128 @@ def append_jsonl(f, rows):
   """Appends `rows` to the open file `f` as strict JSON lines, in one write, flushed.
 
   One write of whole lines: a writer killed mid-append leaves at most a torn last line, which
-  `read_jsonl` skips.
+  `read_jsonl` skips with a warning.
   """
   f.write("".join(dumps(row) + "\n" for row in rows))
   f.flush()
 
 
-def read_jsonl(path):
-  """Rows of a JSONL file; [] when it is missing.
+class TornLineWarning(UserWarning):
+  """The last line of a JSONL file is cut short (a writer was killed mid-append); skipped."""
 
-  A torn last line (a writer killed mid-append) is skipped: reading stops at the first line
-  without a newline or that does not parse.
+
+def _parse_line(raw):
+  """The JSON object of one line, or None when the line is not one."""
+  try:
+    value = json.loads(raw.decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError):
+    return None
+  return value if isinstance(value, dict) else None
+
+
+def read_jsonl(path):
+  """The JSON objects of a JSONL file, one per line; [] when the file is missing.
+
+  Only the last line may be bad: a writer killed mid-append leaves a torn last line, which is
+  skipped with a `TornLineWarning`. A line anywhere else that is not a JSON object is damage
+  that must not pass unseen: ValueError naming the file and line.
   """
-  rows = []
+  path = os.fspath(path)
   if not os.path.exists(path):
-    return rows
-  with open(path) as f:
-    for line in f:
-      if not line.endswith("\n"):
-        break
-      try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        break
+    return []
+  with open(path, "rb") as f:
+    lines = f.read().split(b"\n")
+  if lines[-1] == b"":
+    lines.pop()   # the newline that ends the last line
+  rows = []
+  for number, raw in enumerate(lines, 1):
+    row = _parse_line(raw)
+    if row is not None:
+      rows.append(row)
+    elif number == len(lines):
+      warnings.warn(f"{path}:{number}: skipped a torn last line (a writer was killed while "
+                    "appending it)", TornLineWarning, stacklevel=2)
+    else:
+      raise ValueError(f"{path}:{number}: not a JSON object ({_preview(raw)}); the file is "
+                       f"damaged before its last line ({len(lines)} lines)")
   return rows
+
+
+def _preview(raw, limit=40):
+  text = raw.decode("utf-8", errors="replace")
+  return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+def read_json(path):
+  """The JSON document at `path`; ValueError naming the file when it is unreadable."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+
+
+def read_arrays(path):
+  """The array of a .npy file or {name: array} of a .npz file, never unpickling; ValueError
+  naming the file when it is unreadable or holds objects instead of numbers."""
+  try:
+    if os.fspath(path).endswith(".npz"):
+      with np.load(path, allow_pickle=False) as arrays:
+        return {name: arrays[name] for name in arrays.files}
+    return np.load(path, allow_pickle=False)
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    raise ValueError(f"{path}: unreadable as numpy arrays ({type(e).__name__}: {e}); expected "
+                     "arrays of numbers (object arrays are refused: they would be unpickled)"
+                     ) from None
+
+
+# The record of what bindjax wrote into a directory, so that --overwrite removes only that.
+OUTPUTS_FILE = "bindjax_outputs.json"
+
+
+def recorded_outputs(directory):
+  """The names bindjax recorded as its outputs in `directory` (None when it recorded none)."""
+  path = os.path.join(directory, OUTPUTS_FILE)
+  if not os.path.exists(path):
+    return None
+  try:
+    names = read_json(path)["outputs"]
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"{path}: unreadable record of bindjax's outputs ({e})") from None
+  return [str(n) for n in names]
+
+
+def record_outputs(directory, names):
+  """Adds `names` (files or folders relative to `directory`) to its record of outputs.
+
+  Record before writing: a name recorded but never written costs nothing, a file written but
+  not recorded would survive --overwrite.
+  """
+  recorded = recorded_outputs(directory) or []
+  added = [n for n in names if n not in recorded]
+  if added or not os.path.exists(os.path.join(directory, OUTPUTS_FILE)):
+    write_json(os.path.join(directory, OUTPUTS_FILE), {"outputs": recorded + added})
+
+
+def remove_recorded_outputs(directory, names=()):
+  """Removes what `directory`'s record names (`names` for a directory without a record), and
+  the record; a recorded folder goes whole. Returns the paths removed; nothing else is touched,
+  so a user's file beside bindjax's outputs survives.
+  """
+  recorded = recorded_outputs(directory)
+  removed = []
+  for name in (recorded if recorded is not None else names):
+    path = os.path.join(directory, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path)
+    elif os.path.lexists(path):
+      os.remove(path)
+    else:
+      continue
+    removed.append(path)
+  if recorded is not None:
+    os.remove(os.path.join(directory, OUTPUTS_FILE))
+  return removed
 
 
 def save_figure(fig, path, **savefig_kwargs):

@@ -498,17 +498,22 @@ def count_parameters(params) -> int:
   return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(params)))
 
 
-def tower_flops(config: ModelConfig, num_sequences, length, out_features=None) -> int:
+def tower_flops(config: ModelConfig, num_sequences, length, out_features=None,
+                tower=None) -> int:
   """Forward FLOPs (2·multiply-adds) of the matmuls one tower executes, attention included.
 
   Counts what this implementation runs: the last block computes only the EOS row, with the key
   and value projections folded into it (`SelfAttention`), so its attention costs 4·d² for the
-  projections plus 2·heads·length·d for scores and mixing. A training step costs about 3x the
-  forward.
+  projections plus 2·heads·length·d for scores and mixing. tower ("scene" or "query") adds the
+  product read-out's per-concept codes when that tower has one (`ObjectProduct`: a d×d matmul
+  per concept token of each object slot). A training step costs about 3x the forward.
   """
   d, w, heads = config.d_model, config.mlp_width, config.num_heads
   out_features = config.d_out if out_features is None else out_features
   full_block = length * (3 * d * d + 2 * length * d + d * d + 2 * d * w)
   last_block = 4 * d * d + 2 * heads * length * d + d * d + 2 * d * w
   per_sequence = (config.num_layers - 1) * full_block + last_block + d * out_features
+  if tower is not None and config.has_product_readout(tower):
+    num_objects = (length - 1) // (config.num_concepts + 2)
+    per_sequence += num_objects * config.num_concepts * d * d
   return int(2 * num_sequences * per_sequence)

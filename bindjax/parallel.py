@@ -412,6 +412,13 @@ def is_writer():
   return jax.process_index() == 0
 
 
+def any_process(flag):
+  """Whether `flag` is true on any process (`flag` itself on one process); every process must
+  call it."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.asarray(multihost_utils.process_allgather(np.int32(bool(flag)))).any())
+
 
 def sync(name):
   """Barrier across processes (no-op on one process)."""

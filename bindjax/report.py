@@ -1,15 +1,21 @@
 """Phase-transition report of a coverage sweep: figure, critical coverage ρ*, scaling law.
 
 Reads the rows that `bindjax.sweep` appends to WORKDIR/results.jsonl, picks one evaluation per
-replica (its best or final step), averages over seeds and fits, per object-space size |O|, a
+replica (by default its final step, which selects nothing on held-out objects; "best" picks the
+step of highest held-out accuracy and is optimistic), and fits, per object-space size |O|, a
 logistic curve acc(ρ) = sigmoid(k·(ρ − ρ*)) to held-out object accuracy on scenes with the
 maximum number of objects (binding is needed there; one-object scenes are reported apart since
-matching concepts alone solves them). ρ* is where the curve crosses 0.5; its interval comes from
-a bootstrap over seeds. With three or more sizes, ρ*(|O|) is fitted by a power law and by a
-log-linear law.
+matching concepts alone solves them). ρ* is where the curve crosses 0.5.
 
-Outputs, in WORKDIR/report/: phase_transition.png/.pdf, critical_coverage.md/.json,
-points.json (the aggregated curves).
+Statistics (docs/training.md, "Critical coverage and its interval"): every seed is one replicate
+of the whole experiment (its own held-out objects, initialisation and data order), so ρ* is fitted
+to each seed's curve alone, the estimate is the mean of those per-seed values and its interval is
+the Student t interval over seeds, which holds its level with few seeds where a bootstrap over
+2–4 seeds does not. With three or more sizes, ρ*(|O|) is fitted by a power law and by a
+log-linear law, with intervals from draws of every size's ρ* within its own interval.
+
+Outputs, in WORKDIR/report/: phase_transition.png/.pdf, scaling_law.png/.pdf (two or more sizes
+with a ρ*), critical_coverage.md/.json, points.json (the aggregated curves).
 """
 import collections
 import math
@@ -17,6 +23,7 @@ import os
 
 import numpy as np
 from scipy import optimize
+from scipy import stats
 
 from bindjax import files
 from bindjax import results
@@ -32,6 +39,10 @@ RHO_METRICS = {"accuracy": BINDING_METRIC, "binding": "heldout/binding"}
 REPORT_METRICS = (BINDING_METRIC, "heldout/binding", "train/object_accuracy_{K}obj",
                   "train/binding", ONE_OBJECT_METRIC, CONCEPT_METRIC)
 THRESHOLD = 0.5
+LEVEL = 0.95
+# The step a report reads by default: the last evaluation, chosen without looking at held-out
+# objects.
+DEFAULT_STEP = "final"
 # Replica settings that are not seeds: replicas differing only in seed are averaged; any other
 # difference besides coverage makes a separate curve.
 SERIES_KEYS = ("C", "V", "K", "space_size", "model", "learning_rate", "weight_decay")
@@ -55,8 +66,8 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
   """Groups selected rows into series (one per setting) and coverage points over seeds.
 
   Returns a list of dicts sorted by |O|: {"key", "label", "space_size", "points": [{"coverage",
-  "seeds", metric: {"mean", "std", "min", "max", "values"}}], "per_seed": {seed: [(coverage,
-  value of metrics[0])]}}.
+  "seeds", "steps", "heldout_objects", "diverged", metric: {"mean", "std", "min", "max",
+  "values"}}], "per_seed": {seed: [(coverage, value of metrics[0])]}}.
   """
   series = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in selected:
@@ -70,6 +81,9 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
     for coverage in sorted(series[key]):
       rows = series[key][coverage]
       point = {"coverage": coverage, "seeds": [r["seed"] for r in rows],
+               "steps": [r["step"] for r in rows],
+               "heldout_objects": sorted({r["space_size"] - r["num_train_objects"]
+                                          for r in rows if "num_train_objects" in r}),
                "diverged": sum(bool(r.get("diverged")) for r in rows)}
       for metric in metrics:
         values = [_metric(r, metric) for r in rows]
@@ -111,13 +125,12 @@ def _sigmoid(x):
   return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
-def fit_logistic(coverage, accuracy, start=None):
+def fit_logistic(coverage, accuracy):
   """Least-squares fit of acc = sigmoid(k·(ρ − ρ*)); returns {"rho_star", "slope", "status"}.
 
   status: "fit"; "above" when every point is above 0.5 (ρ* below the smallest coverage,
   reported as None); "below" when none reaches 0.5 (ρ* beyond the largest coverage); "too_few"
-  with fewer than two distinct coverages. start: (ρ*, slope) to start from (bootstrap refits),
-  else a few starting slopes are tried.
+  with fewer than two distinct coverages. A few starting slopes are tried.
   """
   x = np.asarray(coverage, dtype=float)
   y = np.clip(np.asarray(accuracy, dtype=float), 0.0, 1.0)
@@ -148,11 +161,7 @@ def fit_logistic(coverage, accuracy, start=None):
     return np.stack([-slope * dp, slope * (x - rho) * dp], axis=1)
 
   lower, upper = [xs.min() - span, -5.0], [xs.max() + span, 12.0]
-  if start is not None:
-    starts = [(float(np.clip(start[0], lower[0], upper[0])),
-               float(np.clip(np.log(start[1]), lower[1], upper[1])))]
-  else:
-    starts = [(start_rho, np.log(k / span)) for k in (4.0, 20.0, 100.0)]
+  starts = [(start_rho, np.log(k / span)) for k in (4.0, 20.0, 100.0)]
   best = None
   for x0 in starts:
     result = optimize.least_squares(residuals, x0=x0, jac=jacobian, bounds=(lower, upper))
@@ -162,37 +171,47 @@ def fit_logistic(coverage, accuracy, start=None):
   return {"rho_star": float(rho), "slope": float(np.exp(log_slope)), "status": "fit"}
 
 
-def bootstrap_rho_star(per_seed, num_samples=1000, seed=0, level=0.95, start=None):
-  """Percentile interval of ρ* over bootstrap resamples of seeds (each seed keeps its curve)."""
-  seeds = sorted(per_seed)
-  if len(seeds) < 2:
-    return None
-  rng = np.random.default_rng(seed)
-  estimates = []
-  for _ in range(num_samples):
-    picked = rng.choice(len(seeds), size=len(seeds), replace=True)
-    pairs = [p for i in picked for p in per_seed[seeds[i]]]
-    fit = fit_logistic([p[0] for p in pairs], [p[1] for p in pairs], start=start)
-    if fit["status"] == "fit":
-      estimates.append(fit["rho_star"])
-  if len(estimates) < num_samples // 2:
-    return None
-  low, high = np.percentile(estimates, [50 * (1 - level), 100 - 50 * (1 - level)])
-  return [float(low), float(high)]
+def seed_rho_stars(per_seed):
+  """Each seed's own logistic fit of its curve: {seed: fit_logistic(...) dict}."""
+  return {seed: fit_logistic([p[0] for p in pairs], [p[1] for p in pairs])
+          for seed, pairs in sorted(per_seed.items())}
 
 
-def critical_coverages(series, num_bootstrap=1000):
-  """ρ* (logistic fit over all seeds' points) and its bootstrap interval for every series."""
+def t_interval(estimates, level=LEVEL):
+  """Student t interval for the mean of independent per-seed estimates: (mean, [low, high], se).
+
+  None for the interval and se with fewer than two estimates.
+  """
+  x = np.asarray(estimates, dtype=float)
+  mean = float(x.mean())
+  if x.size < 2:
+    return mean, None, None
+  se = float(x.std(ddof=1) / math.sqrt(x.size))
+  half = float(stats.t.ppf(0.5 + level / 2, x.size - 1)) * se
+  return mean, [mean - half, mean + half], se
+
+
+def critical_coverages(series, level=LEVEL):
+  """ρ* of every series: per-seed logistic fits, their mean and its t interval over seeds.
+
+  A series in which some seed's curve never crosses 0.5 gets the logistic fit of all seeds'
+  points pooled as its ρ* and no interval ("censored_seeds" lists those seeds): the per-seed
+  values it would need lie outside the measured coverages.
+  """
   table = []
   for s in series:
     pairs = [p for seed_pairs in s["per_seed"].values() for p in seed_pairs]
-    fit = fit_logistic([p[0] for p in pairs], [p[1] for p in pairs])
-    interval = (bootstrap_rho_star(s["per_seed"], num_bootstrap,
-                                   start=(fit["rho_star"], fit["slope"]))
-                if fit["status"] == "fit" else None)
-    table.append({"label": s["label"], **s["key"], "rho_star": fit["rho_star"],
-                  "interval": interval, "slope": fit["slope"], "status": fit["status"],
-                  "num_seeds": len(s["per_seed"]),
+    pooled = fit_logistic([p[0] for p in pairs], [p[1] for p in pairs])
+    per_seed = seed_rho_stars(s["per_seed"])
+    censored = [seed for seed, fit in per_seed.items() if fit["status"] != "fit"]
+    rho, interval, se = pooled["rho_star"], None, None
+    if pooled["status"] == "fit" and not censored:
+      rho, interval, se = t_interval([fit["rho_star"] for fit in per_seed.values()], level)
+    table.append({"label": s["label"], **s["key"], "rho_star": rho, "interval": interval,
+                  "standard_error": se, "level": level, "pooled_rho_star": pooled["rho_star"],
+                  "slope": pooled["slope"], "status": pooled["status"],
+                  "seed_rho_stars": {str(seed): fit["rho_star"] for seed, fit in per_seed.items()},
+                  "censored_seeds": censored, "num_seeds": len(s["per_seed"]),
                   "coverages": [p["coverage"] for p in s["points"]]})
   return table
 
@@ -208,16 +227,57 @@ def fit_scaling_laws(space_sizes, rho_stars):
   n, rho = n[keep], rho[keep]
   if np.unique(n).size < 3:
     return None
+  formulas = {"power_law": "rho* = a * |O|^b", "log_linear": "rho* = a + b * log10|O|"}
   laws = {}
-  log_n = np.log10(n)
-  b, log_a = np.polyfit(np.log(n), np.log(rho), 1)
-  laws["power_law"] = {"formula": "rho* = a * |O|^b", "a": float(np.exp(log_a)), "b": float(b),
-                       "r2": _r2(rho, np.exp(log_a) * n ** b)}
-  b, a = np.polyfit(log_n, rho, 1)
-  laws["log_linear"] = {"formula": "rho* = a + b * log10|O|", "a": float(a), "b": float(b),
-                        "r2": _r2(rho, a + b * log_n)}
+  for name, (a, b) in _law_parameters(n, rho).items():
+    laws[name] = {"formula": formulas[name], "a": a, "b": b,
+                  "r2": _r2(rho, _law_value(name, a, b, n))}
   laws["best"] = max(("power_law", "log_linear"), key=lambda k: laws[k]["r2"])
   laws["num_points"] = int(n.size)
+  return laws
+
+
+def _law_parameters(n, rho):
+  """(a, b) of both laws fitted to sizes n and critical coverages rho (all positive)."""
+  b_power, log_a = np.polyfit(np.log(n), np.log(rho), 1)
+  b_linear, a_linear = np.polyfit(np.log10(n), rho, 1)
+  return {"power_law": (float(np.exp(log_a)), float(b_power)),
+          "log_linear": (float(a_linear), float(b_linear))}
+
+
+def _law_value(name, a, b, n):
+  return a * n ** b if name == "power_law" else a + b * np.log10(n)
+
+
+def scaling_law_intervals(rows, laws, num_draws=1000, seed=0, level=LEVEL):
+  """Intervals of both laws' a and b, and a band of ρ*(|O|), from draws of every size's ρ*.
+
+  Each draw replaces every size's ρ* by ρ* + se·t (t Student-distributed with that size's seeds
+  − 1 degrees of freedom, the distribution its interval comes from) and refits both laws. Adds
+  "a_interval", "b_interval" and "band" ({"space_size", "low", "high"} over a log grid) to each
+  law of `laws` in place; returns `laws`. Nothing is added when a size has no interval.
+  """
+  if not laws or any(r["standard_error"] is None for r in rows):
+    return laws
+  n = np.array([r["space_size"] for r in rows], dtype=float)
+  rho = np.array([r["rho_star"] for r in rows], dtype=float)
+  se = np.array([r["standard_error"] for r in rows], dtype=float)
+  dof = np.array([r["num_seeds"] - 1 for r in rows], dtype=float)
+  rng = np.random.default_rng(seed)
+  draws = rho + se * rng.standard_t(dof, size=(num_draws, n.size))
+  draws = draws[(draws > 0).all(axis=1)]
+  grid = np.logspace(np.log10(n.min()) - 0.3, np.log10(n.max()) + 0.3, 50)
+  q = [50 * (1 - level), 100 - 50 * (1 - level)]
+  fitted = [_law_parameters(n, d) for d in draws]
+  for name in ("power_law", "log_linear"):
+    ab = np.array([f[name] for f in fitted])
+    curves = np.array([_law_value(name, a, b, grid) for a, b in ab])
+    laws[name]["a_interval"] = np.percentile(ab[:, 0], q).tolist()
+    laws[name]["b_interval"] = np.percentile(ab[:, 1], q).tolist()
+    low, high = np.percentile(curves, q, axis=0)
+    laws[name]["band"] = {"space_size": grid.tolist(), "low": low.tolist(),
+                          "high": high.tolist()}
+  laws["num_draws"] = int(draws.shape[0])
   return laws
 
 
@@ -226,73 +286,164 @@ def _r2(y, y_hat):
   return 1.0 - float(((y - y_hat) ** 2).sum()) / total if total > 0 else 1.0
 
 
-def markdown_table(table, laws, step, metric="accuracy"):
-  """The ρ* table (and scaling law) as Markdown; `metric` names the figure ρ* is read from."""
-  what = {"accuracy": "held-out set-separation accuracy on max-object scenes",
-          "binding": "held-out binding figure on two-object scenes"}[metric]
-  lines = [f"# Critical coverage ρ* ({step} step; {what} (`{RHO_METRICS[metric]}`), "
-           f"crossing {THRESHOLD})", "",
-           "| series | \\|O\\| | seeds | ρ* | 95% interval | slope | status |",
-           "|---|---:|---:|---:|---|---:|---|"]
+STEP_WORDS = {"final": "final step, no selection on held-out objects",
+              "best": "best step, chosen on held-out objects themselves (optimistic)"}
+STATUS_WORDS = {"fit": "fit", "above": "above 0.5 at every coverage",
+                "below": "never reaches 0.5", "too_few": "fewer than 2 coverages"}
+# Per-coverage columns of the Markdown table: (metric, header).
+TABLE_METRICS = ((BINDING_METRIC, "held-out {K}-object accuracy"),
+                 ("heldout/binding", "held-out binding"),
+                 ("train/object_accuracy_{K}obj", "training {K}-object accuracy"))
+
+
+def _number(x, digits=3):
+  return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _escape(text):
+  return text.replace("|", "\\|")  # |O| must not split the Markdown cells
+
+
+def _rho_rows(table):
+  lines = [f"| series | \\|O\\| | seeds | ρ* | {LEVEL:.0%} interval (t over seeds) | "
+           "per-seed ρ* | slope | status |",
+           "|---|---:|---:|---:|---|---|---:|---|"]
   for row in table:
-    rho = "–" if row["rho_star"] is None else f"{row['rho_star']:.3f}"
     interval = ("–" if not row["interval"] else
                 f"[{row['interval'][0]:.3f}, {row['interval'][1]:.3f}]")
-    slope = "–" if row["slope"] is None else f"{row['slope']:.1f}"
-    status = {"fit": "fit", "above": "above 0.5 at every coverage",
-              "below": "never reaches 0.5", "too_few": "fewer than 2 coverages"}[row["status"]]
-    label = row["label"].replace("|", "\\|")  # |O| must not split the Markdown cells
-    lines.append(f"| {label} | {row['space_size']:,} | {row['num_seeds']} | {rho} | "
-                 f"{interval} | {slope} | {status} |")
-  lines.append("")
-  if laws:
-    lines.append(f"Scaling law over {laws['num_points']} sizes (best: {laws['best']}):")
-    lines.append("")
-    for name in ("power_law", "log_linear"):
-      law = laws[name]
-      lines.append(f"- {name}: `{law['formula']}`, a = {law['a']:.4g}, b = {law['b']:.4g}, "
-                   f"R² = {law['r2']:.3f}")
-  else:
-    lines.append("Scaling law: needs ρ* at three or more object-space sizes.")
-  return "\n".join(lines) + "\n"
+    per_seed = " ".join(_number(v) for v in row["seed_rho_stars"].values())
+    status = STATUS_WORDS[row["status"]]
+    if row["censored_seeds"] and row["status"] == "fit":
+      status += f"; seed(s) {', '.join(row['censored_seeds'])} never cross 0.5: no interval"
+    lines.append(f"| {_escape(row['label'])} | {row['space_size']:,} | {row['num_seeds']} | "
+                 f"{_number(row['rho_star'])} | {interval} | {per_seed} | "
+                 f"{_number(row['slope'], 1)} | {status} |")
+  return lines
 
 
-def make_report(workdir, step="best", num_bootstrap=1000, out_dir=None, formats=("png", "pdf"),
-                metric="accuracy"):
-  """Writes figure, ρ* table and scaling law for the sweep in workdir; returns the summary dict.
+def _coverage_rows(s):
+  k = s["key"]["K"]
+  headers = [h.format(K=k) for _, h in TABLE_METRICS]
+  lines = [f"### {_escape(s['label'])}", "",
+           "Values per seed, in the order of the seeds column.", "",
+           "| coverage | held-out objects | seeds | step | " + " | ".join(headers) + " |",
+           "|---:|---:|---|---|" + "---|" * len(headers)]
+  for p in s["points"]:
+    cells = []
+    for metric, _ in TABLE_METRICS:
+      m = p.get(metric)
+      if m is None or m["mean"] is None:
+        cells.append("–")
+        continue
+      values = " ".join(_number(v) for v in m["values"])
+      cells.append(f"{values} (mean {_number(m['mean'])})")
+    heldout = ", ".join(map(str, p["heldout_objects"])) or "–"
+    steps = ", ".join(map(str, sorted(set(p["steps"]))))
+    seeds = " ".join(map(str, p["seeds"]))
+    lines.append(f"| {p['coverage']:g} | {heldout} | {seeds} | {steps} | "
+                 + " | ".join(cells) + " |")
+  return lines
 
-  metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (RHO_METRICS).
+
+def _law_lines(laws):
+  if not laws:
+    return ["Scaling law: needs ρ* at three or more object-space sizes."]
+  lines = [f"Scaling law over {laws['num_points']} sizes (best: {laws['best']}):", ""]
+  for name in ("power_law", "log_linear"):
+    law = laws[name]
+    a, b = f"{law['a']:.4g}", f"{law['b']:.4g}"
+    if "a_interval" in law:
+      a += " [{:.4g}, {:.4g}]".format(*law["a_interval"])
+      b += " [{:.4g}, {:.4g}]".format(*law["b_interval"])
+    lines.append(f"- {name}: `{law['formula']}`, a = {a}, b = {b}, R² = {law['r2']:.3f}")
+  if "num_draws" in laws:
+    lines += ["", f"Intervals: {LEVEL:.0%} of {laws['num_draws']} refits with every size's ρ* "
+              "drawn from its own t distribution."]
+  return lines
+
+
+def markdown_table(table, laws, step, metric="accuracy", series=()):
+  """The ρ* table, the scaling law and (given `series`) per-coverage tables, as Markdown.
+
+  `metric` names the figure ρ* is read from.
   """
-  if metric not in RHO_METRICS:
-    raise ValueError(f"metric={metric!r}: expected one of {sorted(RHO_METRICS)}")
-  rho_metric = RHO_METRICS[metric]
-  from bindjax.plots import phase_transition  # matplotlib only when drawing
+  what = {"accuracy": "held-out set-separation accuracy on max-object scenes",
+          "binding": "held-out binding figure on two-object scenes"}[metric]
+  ks = sorted({row["K"] for row in table})
+  name = RHO_METRICS[metric].replace("{K}", "/".join(map(str, ks)))
+  lines = [f"# Critical coverage ρ* ({STEP_WORDS[step]}; {what} (`{name}`), "
+           f"crossing {THRESHOLD})", ""]
+  lines += _rho_rows(table) + [""] + _law_lines(laws) + [""]
+  if series:
+    lines += ["## Per coverage", ""]
+    for s in series:
+      lines += _coverage_rows(s) + [""]
+  return "\n".join(lines)
 
+
+def _selected_rows(workdir, step):
+  """One evaluation row per replica of the sweep in workdir (results.select_evaluations)."""
   path = os.path.join(workdir, results.RESULTS_FILE)
-  rows = files.read_jsonl(path)
+  rows = results.read_rows(workdir)
   if not rows:
     raise ValueError(f"workdir={workdir!r}: no result rows in {path}; run `bindjax sweep` first")
   selected = results.select_evaluations(rows, step)
   if not selected:
     raise ValueError(f"{path}: no evaluation rows (kind='eval') yet")
+  return selected
+
+
+def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
+                formats=("png", "pdf"), metric="accuracy"):
+  """Writes figures, ρ* table and scaling law for one sweep or several; returns the summary.
+
+  workdir: a sweep's workdir, or a list of them (for example one sweep per object-space size),
+  whose replicas are reported together; out_dir is then required. step: "final" (default) or
+  "best" (results.select_evaluations). num_draws: refits behind the scaling law's intervals.
+  metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (RHO_METRICS).
+  The summary's "finished" is False when a sweep has no done file (still running, or killed):
+  the report then covers the rows written so far, and its title says so.
+  """
+  workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
+  if len(workdirs) > 1 and out_dir is None:
+    raise ValueError(f"workdir={workdirs!r}: a report of several sweeps needs an output "
+                     "directory")
+  if metric not in RHO_METRICS:
+    raise ValueError(f"metric={metric!r}: expected one of {sorted(RHO_METRICS)}")
+  rho_metric = RHO_METRICS[metric]
+  from bindjax.plots import phase_transition  # matplotlib only when drawing
+
+  selected = [row for w in workdirs for row in _selected_rows(w, step)]
+  # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
+  finished = all(os.path.exists(os.path.join(w, results.DONE_FILE)) for w in workdirs)
   series = aggregate(selected, (rho_metric,) + tuple(
       m for m in REPORT_METRICS if m != rho_metric))
-  table = critical_coverages(series, num_bootstrap)
+  table = critical_coverages(series)
   # A scaling law needs one ρ* per |O|: use series that differ only in size.
   fitted = [r for r in table if r["rho_star"] is not None]
   laws = None
   if len({r["space_size"] for r in fitted}) == len(fitted):
     laws = fit_scaling_laws([r["space_size"] for r in fitted], [r["rho_star"] for r in fitted])
-  out_dir = out_dir or os.path.join(workdir, results.REPORT_DIR)
+    laws = scaling_law_intervals(fitted, laws, num_draws)
+  out_dir = out_dir or os.path.join(workdirs[0], results.REPORT_DIR)
   os.makedirs(out_dir, exist_ok=True)
+  files.record_outputs(out_dir, [f"{name}.{f}" for name in ("phase_transition", "scaling_law")
+                                 for f in formats] + [
+      "critical_coverage.json", "critical_coverage.md", "points.json"])
+  sizes = ", ".join(f"{n:,}" for n in sorted({s["space_size"] for s in series}))
+  names = " + ".join(os.path.basename(os.path.abspath(w)) for w in workdirs)
+  title = f"{names}: |O| = {sizes}; {step} step" + ("" if finished else " (unfinished)")
   figures = phase_transition.plot(series, table, os.path.join(out_dir, "phase_transition"),
-                                  step=step, formats=formats, rho_metric=rho_metric)
-  summary = {"workdir": os.path.abspath(workdir), "step": step, "threshold": THRESHOLD,
+                                  step=step, formats=formats, rho_metric=rho_metric, title=title)
+  if len(fitted) >= 2:
+    figures += phase_transition.plot_scaling_law(
+        fitted, laws, os.path.join(out_dir, "scaling_law"), title=title, formats=formats)
+  summary = {"workdirs": [os.path.abspath(w) for w in workdirs], "step": step, "threshold": THRESHOLD,
              "metric": rho_metric, "critical_coverage": table, "scaling_law": laws,
-             "num_replicas": len(selected),
+             "finished": finished, "num_replicas": len(selected),
              "num_diverged": sum(bool(r["diverged"]) for r in selected), "figures": figures}
   files.write_json(os.path.join(out_dir, "critical_coverage.json"), summary)
   files.write_atomic(os.path.join(out_dir, "critical_coverage.md"),
-                     markdown_table(table, laws, step, metric))
+                     markdown_table(table, laws, step, metric, series))
   files.write_json(os.path.join(out_dir, "points.json"), series)
   return summary

@@ -6,23 +6,30 @@
   config.json          the config (a single run's config gains the one-point grid it ran as)
   replicas.json        one dict of grid coordinates per replica
   results.jsonl        one row per replica and logged step
-  summary.csv          one line per replica with evaluations: final and best evaluation
+  summary.csv          one line per replica: final and best evaluation, or when it diverged
   sweep_done.json      written last; a rerun into a finished workdir reports and returns
-  checkpoints/bucket_NNN/latest/<step>/   stacked replica states of one bucket
+  checkpoints/bucket_NNN/<step>/   stacked replica states of one bucket, and its rows so far
   report/              `bindjax report`'s figure and tables
+  bindjax_outputs.json what bindjax wrote here (`files.record_outputs`): --overwrite removes that
+  bindjax.lock         held by the run while it runs (`bindjax.workdir_lock`)
 
 A row holds the replica's coordinates (`sweep.Replica.coordinates`), "step", "kind" ("train" at
 logged steps, "eval" at evaluation steps, "diverged" once when the replica's loss or parameters
 became non-finite, with "diverged_step"), the training metrics TRAIN_METRICS of that step and,
 at evaluation steps, every metric of `train.eval_step`. Non-finite values are written as null.
+
+results.jsonl is a view: each bucket's checkpoints hold the bucket's rows up to their step
+(`pack_rows`), so a resumed sweep rebuilds every row its checkpoints cover.
 """
 import collections
 import csv
+import hashlib
 import io
 import json
 import math
 import os
 
+from bindjax import errors
 from bindjax import files
 
 CONFIG_FILE = "config.json"
@@ -32,8 +39,9 @@ SUMMARY_FILE = "summary.csv"
 DONE_FILE = "sweep_done.json"
 CHECKPOINT_DIR = "checkpoints"
 REPORT_DIR = "report"
-OUTPUTS = (CONFIG_FILE, REPLICAS_FILE, RESULTS_FILE, SUMMARY_FILE, DONE_FILE, CHECKPOINT_DIR,
-           REPORT_DIR)
+# What a training run writes into its workdir (the report keeps its own record in report/).
+OUTPUTS = (CONFIG_FILE, REPLICAS_FILE, RESULTS_FILE, SUMMARY_FILE, DONE_FILE, CHECKPOINT_DIR)
+KINDS = ("train", "eval", "diverged")
 
 # Training metrics copied into every row (besides the evaluation metrics at eval steps).
 TRAIN_METRICS = ("loss", "concept_loss", "object_loss", "batch_concept_accuracy",
@@ -72,8 +80,63 @@ def make_row(coordinates, step, train_metrics, eval_metrics=None, diverged_step=
 
 
 def read_rows(workdir):
-  """The rows of workdir/results.jsonl ([] when there is none)."""
-  return files.read_jsonl(os.path.join(workdir, RESULTS_FILE))
+  """The rows of workdir/results.jsonl ([] when there is none).
+
+  A torn last line is skipped with a warning (files.read_jsonl); any other line that is not a
+  result row is a ValueError naming the file and line.
+  """
+  path = os.path.join(workdir, RESULTS_FILE)
+  try:
+    rows = files.read_jsonl(path)
+  except ValueError as e:
+    raise ValueError(f"{e}; rerun the sweep's command to rebuild it from the checkpoints") from None
+  for number, row in enumerate(rows, 1):
+    if (row.get("kind") not in KINDS or not isinstance(row.get("replica"), int)
+        or not isinstance(row.get("step"), int)):
+      raise ValueError(f"{path}:{number}: not a result row (expected kind in {KINDS}, an integer "
+                       "replica and step); rerun the sweep's command to rebuild the file from "
+                       "the checkpoints")
+  return rows
+
+
+def rows_text(rows):
+  """The text of results.jsonl holding `rows`."""
+  return "".join(files.dumps(row) + "\n" for row in rows)
+
+
+def rows_digest(rows):
+  """SHA-256 of `rows_text(rows)` (recorded in sweep_done.json)."""
+  return hashlib.sha256(rows_text(rows).encode()).hexdigest()
+
+
+def pack_rows(rows, coordinates):
+  """Rows without the coordinates they share with their replica, as key lists and values.
+
+  coordinates: {replica index: its coordinate dict}. `unpack_rows` rebuilds the rows exactly
+  (same keys in the same order, same values).
+  """
+  schemas, rows_out = [], []
+  index = {}
+  for row in rows:
+    shared = coordinates[row["replica"]]
+    keys = tuple(k for k in row if k not in shared or k == "replica")
+    if keys not in index:
+      index[keys] = len(schemas)
+      schemas.append(list(keys))
+    rows_out.append([index[keys]] + [row[k] for k in keys])
+  return {"schemas": schemas, "rows": rows_out}
+
+
+def unpack_rows(packed, coordinates):
+  """The rows `pack_rows` packed (kind first, then the replica's coordinates, then the rest)."""
+  out = []
+  for values in packed["rows"]:
+    keys = packed["schemas"][values[0]]
+    stored = dict(zip(keys, values[1:]))
+    row = {"kind": stored["kind"], **coordinates[stored["replica"]]}
+    row.update((k, v) for k, v in stored.items() if k != "kind")
+    out.append(row)
+  return out
 
 
 def read_replicas(workdir):
@@ -82,8 +145,7 @@ def read_replicas(workdir):
   if not os.path.exists(path):
     raise ValueError(f"{path} does not exist; expected a `bindjax sweep` or `bindjax train` "
                      "workdir")
-  with open(path) as f:
-    return json.load(f)
+  return files.read_json(path)
 
 
 def _nan_low(x):
@@ -94,17 +156,21 @@ def select_evaluations(rows, step="best"):
   """One evaluation row per replica, in replica order: its last, or its best by SELECTION_METRIC.
 
   A replica flagged as diverged keeps its rows up to divergence; the chosen row's "diverged" says
-  whether it diverged. Ties in "best" go to the earlier step.
+  whether it diverged. One that diverged before its first evaluation is represented by its
+  "diverged" row (no evaluation metrics), so it is counted, not dropped. Ties in "best" go to
+  the earlier step.
   """
   if step not in STEPS:
     raise ValueError(f"step={step!r}: expected one of {STEPS}")
   by_replica = collections.defaultdict(list)
-  diverged = set()
+  diverged = {}
   for row in rows:
     if row.get("diverged"):
-      diverged.add(row["replica"])
+      diverged[row["replica"]] = row
     if row.get("kind") == "eval":
       by_replica[row["replica"]].append(row)
+  for replica, row in diverged.items():
+    by_replica.setdefault(replica, [row])
   chosen = []
   for replica, evals in sorted(by_replica.items()):
     evals = sorted(evals, key=lambda r: r["step"])
@@ -117,9 +183,10 @@ def select_evaluations(rows, step="best"):
 
 
 def summary_rows(rows, replicas):
-  """One dict per replica with evaluations: its coordinates, final and best evaluation.
+  """One dict per replica with rows: its coordinates, final and best evaluation, divergence.
 
-  replicas: coordinate dicts (replicas.json).
+  A replica that diverged before its first evaluation has its divergence step and empty
+  metrics. replicas: coordinate dicts (replicas.json).
   """
   final = {r["replica"]: r for r in select_evaluations(rows, "final")}
   best = {r["replica"]: r for r in select_evaluations(rows, "best")}
@@ -146,7 +213,7 @@ def summary_rows(rows, replicas):
 
 
 def write_summary(workdir, rows, replicas):
-  """workdir/summary.csv with one line per replica with evaluations (atomic rewrite)."""
+  """workdir/summary.csv with one line per replica with rows (atomic rewrite)."""
   table = summary_rows(rows, replicas)
   if not table:
     return
@@ -177,7 +244,8 @@ def _flat(tree, prefix=""):
 
 
 def check_saved_config(workdir, config):
-  """ValueError when workdir/config.json exists and differs from `config` (a config_json dict).
+  """errors.ConfigError when workdir/config.json exists and differs from `config` (a
+  config_json dict); ValueError naming the file when it is unreadable.
 
   The message lists the differing fields (saved -> given), so a resumed run is never silently
   continued with other settings.
@@ -185,13 +253,12 @@ def check_saved_config(workdir, config):
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     return
-  with open(path) as f:
-    saved = json.load(f)
+  saved = files.read_json(path)
   if saved == config:
     return
   a, b = _flat(saved), _flat(config)
   diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
   details = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:8])
   more = f" and {len(diff) - 8} more" if len(diff) > 8 else ""
-  raise ValueError(f"workdir={workdir!r} holds a run with a different config ({details}{more}); "
-                   "use a new --workdir or pass --overwrite")
+  raise errors.ConfigError(f"workdir={workdir!r} holds a run with a different config "
+                           f"({details}{more}); use a new --workdir or pass --overwrite")

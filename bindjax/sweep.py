@@ -23,17 +23,22 @@ A config without a grid (experiments/train.py) runs as a sweep of one replica
 selection are `bindjax.results`'. With `checkpoint.keep_best`, each replica's parameters at its
 best held-out object accuracy ride in the bucket's state (and so in every checkpoint).
 
-A killed sweep resumes from each bucket's latest checkpoint; rows past it are dropped and
-recomputed bit for bit, so results equal an uninterrupted sweep. A replica whose loss or
+A run holds the workdir's lock for its whole life (`bindjax.workdir_lock`). A killed sweep
+resumes from each bucket's newest checkpoint that verifies (`checkpoint.Checkpoints`, falling
+back past damaged ones); each checkpoint holds its bucket's rows up to its step, so results.jsonl
+is rebuilt from them (any row lost or damaged before a checkpoint comes back, and the run says
+so), rows past it are recomputed bit for bit, and results equal an uninterrupted sweep. Nothing
+is rewritten before the restore it depends on has succeeded. A replica whose loss or
 parameters become non-finite is frozen at its last finite state, flagged in a "diverged" row,
 and left out of later rows; the others continue. A bucket whose replicas have all diverged
 stops there.
 """
+import collections
+import contextlib
 import dataclasses
+import hashlib
 import itertools
-import json
 import os
-import shutil
 import sys
 import time
 
@@ -44,10 +49,12 @@ import numpy as np
 import optax
 
 from bindjax import checkpoint
+from bindjax import errors
 from bindjax import files
 from bindjax import parallel
 from bindjax import results
 from bindjax import train
+from bindjax import workdir_lock
 from bindjax import world
 from bindjax import xla_options
 
@@ -323,17 +330,25 @@ def _compiled(spec, mesh, hyper, chunk, options, keep_best):
   key = (spec, mesh, size, chunk, tuple(sorted((options or {}).items())), keep_best)
   if key not in _PROGRAM_CACHE:
     init_fn, step_fn, eval_fn = _bucket_functions(spec, mesh, chunk, keep_best)
-    abstract_state = jax.eval_shape(init_fn, hyper)
-    sharding = parallel.replica_sharding(mesh)
-    abstract_state = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract_state)
+    abstract_state = abstract_bucket_state(spec, mesh, hyper, keep_best)
     step_scalar = jax.ShapeDtypeStruct((), jnp.int32,
                                        sharding=parallel.replicated_sharding(mesh))
-    _PROGRAM_CACHE[key] = (
-        init_fn.lower(hyper).compile(options),
-        step_fn.lower(abstract_state, hyper).compile(options),
-        eval_fn.lower(abstract_state, hyper, step_scalar).compile(options))
+    # Sharding must never change the random numbers a replica sees; set for these programs
+    # only, so importing bindjax changes no global JAX setting.
+    with jax.threefry_partitionable(True):
+      _PROGRAM_CACHE[key] = (
+          init_fn.lower(hyper).compile(options),
+          step_fn.lower(abstract_state, hyper).compile(options),
+          eval_fn.lower(abstract_state, hyper, step_scalar).compile(options))
   return _PROGRAM_CACHE[key]
+
+
+def abstract_bucket_state(spec, mesh, hyper, keep_best):
+  """The bucket state's shapes, dtypes and shardings on `mesh` (nothing is computed)."""
+  sharding = parallel.replica_sharding(mesh)
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+      jax.eval_shape(lambda h: init_bucket_state(h, spec, keep_best), hyper))
 
 
 def _platform(mesh):
@@ -378,27 +393,82 @@ def _global_scalar(value, mesh):
 
 
 class _Results:
-  """Rows of one sweep: appended whole-line (process 0 only) to results.jsonl."""
+  """The rows of one sweep, by bucket; results.jsonl (process 0 writes it) is their view.
 
-  def __init__(self, workdir):
+  Each checkpoint of a bucket holds the bucket's rows up to its step (`packed`), so a resumed
+  sweep takes every row its checkpoints cover from them (`restore`) and rewrites the file to
+  hold exactly those (`publish`) once the restores succeeded, before appending new rows.
+  """
+
+  def __init__(self, workdir, replicas, log):
     self.path = os.path.join(workdir, results.RESULTS_FILE)
     self.writer = parallel.is_writer()
-    self.file = None
+    self.log = log
+    self.coordinates = {r.index: r.coordinates() for r in replicas}
+    self.by_bucket = {}  # bucket index -> its rows, in order
     self.diverged = {}   # replica index -> divergence step already reported
+    self.file = None
+    self._file_rows = None
 
-  def truncate(self, kept_steps):
-    """Keeps rows with step <= kept_steps[bucket] (None drops the bucket); drops torn lines."""
-    if not self.writer:
-      return
-    rows = files.read_jsonl(self.path)
-    kept = [r for r in rows
-            if kept_steps.get(r["bucket"]) is not None and r["step"] <= kept_steps[r["bucket"]]]
-    files.write_jsonl(self.path, kept)
-    self.diverged = {r["replica"]: r["diverged_step"] for r in kept if r["kind"] == "diverged"}
+  def rows(self):
+    """Every row so far, in the order an uninterrupted sweep writes them."""
+    return [row for b in sorted(self.by_bucket) for row in self.by_bucket[b]]
 
-  def open(self):
-    if self.writer and self.file is None:
+  def restore(self, bucket, step, metadata, is_logged):
+    """Takes `bucket`'s rows up to checkpoint `step` from the checkpoint's metadata.
+
+    Checkpoints written before they held rows leave results.jsonl as the only copy: its rows
+    of the bucket up to `step` are kept if they are complete (every replica at every logged
+    step, up to its divergence), else ValueError saying which rows are missing.
+    """
+    if not step:
+      rows = []
+    elif "rows" in metadata:
+      rows = results.unpack_rows(metadata["rows"], self.coordinates)
+    else:
+      if self._file_rows is None:
+        self._file_rows = results.read_rows(os.path.dirname(self.path))
+      rows = [r for r in self._file_rows if r["bucket"] == bucket.index and r["step"] <= step]
+      missing = _missing_rows(rows, bucket, [s for s in range(1, step + 1) if is_logged(s)])
+      if missing:
+        replica, at = missing[0]
+        raise ValueError(
+            f"{self.path} lacks {len(missing)} rows of bucket {bucket.index} up to its checkpoint "
+            f"at step {step} (first: replica {replica}, step {at}), and that checkpoint predates "
+            "checkpoints holding rows, so they cannot be rebuilt; restore the file from a copy or "
+            "pass --overwrite to start the run over")
+    self.by_bucket[bucket.index] = rows
+    self.diverged.update((r["replica"], r["diverged_step"]) for r in rows
+                         if r["kind"] == "diverged")
+
+  def packed(self, bucket):
+    """The bucket's rows so far, packed for its checkpoint's metadata."""
+    return results.pack_rows(self.by_bucket[bucket.index], self.coordinates)
+
+  def publish(self):
+    """Makes results.jsonl hold exactly the rows so far and opens it for appending (once)."""
+    if self.file is None and self.writer:
+      self._match_file("rebuilt them from the checkpoints")
       self.file = open(self.path, "a")
+
+  def _match_file(self, repair):
+    """Rewrites results.jsonl when it differs from the rows so far; says so when rows the file
+    should have held were missing or damaged (rows past a checkpoint are dropped silently: they
+    are recomputed)."""
+    text = results.rows_text(self.rows())
+    old = b""
+    if os.path.exists(self.path):
+      with open(self.path, "rb") as f:
+        old = f.read()
+    if old == text.encode():
+      return
+    present = set(old.split(b"\n"))
+    lines = text.encode().split(b"\n")[:-1]
+    missing = sum(line not in present for line in lines)
+    if missing:
+      self.log(f"{self.path}: {missing} of the {len(lines)} rows it should hold were missing or "
+               f"damaged; {repair}")
+    files.write_atomic(self.path, text)
 
   def add(self, bucket, step, train_metrics, eval_metrics):
     """Rows of the valid replicas of `bucket` at `step` from host metric arrays [R]."""
@@ -413,8 +483,12 @@ class _Results:
           diverged_step))
       if diverged_step >= 0:
         self.diverged[replica.index] = diverged_step
+    self.by_bucket[bucket.index].extend(rows)
     if self.writer and rows:
-      files.append_jsonl(self.file, rows)
+      try:
+        files.append_jsonl(self.file, rows)
+      except OSError as e:
+        raise OSError(e.errno, f"cannot write {self.path}: {e.strerror or e}") from None
 
   def all_diverged(self, bucket):
     return all(replica.index in self.diverged for replica in bucket.replicas)
@@ -424,23 +498,37 @@ class _Results:
       self.file.flush()
       os.fsync(self.file.fileno())
 
+  def finish(self):
+    """Closes the file, first making sure it holds every row (rewritten when it does not)."""
+    self.close()
+    if self.writer:
+      self._match_file("rewrote the file")
+
   def close(self):
     if self.file is not None:
       self.file.close()
       self.file = None
 
 
+def _missing_rows(rows, bucket, logged_steps):
+  """(replica, step) of rows a bucket must have at `logged_steps` but `rows` lack: each replica
+  has a row at every logged step until its "diverged" row."""
+  steps = collections.defaultdict(list)
+  ended = set()
+  for row in rows:
+    steps[row["replica"]].append(row["step"])
+    if row["kind"] == "diverged":
+      ended.add(row["replica"])
+  missing = []
+  for replica in bucket.replicas:
+    have = steps[replica.index]
+    expected = logged_steps[:len(have)] if replica.index in ended else logged_steps
+    missing += [(replica.index, s) for s in expected if s not in have]
+  return missing
+
+
 # --------------------------------------------------------------------------------------------
 # The sweep loop
-
-
-def _remove_outputs(workdir):
-  for name in results.OUTPUTS:
-    path = os.path.join(workdir, name)
-    if os.path.isdir(path):
-      shutil.rmtree(path)
-    elif os.path.exists(path):
-      os.remove(path)
 
 
 def _mesh_devices(buckets, num_data, devices):
@@ -453,84 +541,220 @@ def _mesh_devices(buckets, num_data, devices):
   return devices[:max(1, groups) * num_data]
 
 
+def _check_workdir_path(workdir):
+  """errors.ConfigError when `workdir` is a file or lies under one."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise errors.ConfigError(f"workdir={workdir!r} is a file; expected a directory")
+  parent = workdir
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise errors.ConfigError(f"workdir={workdir!r} lies under {parent}, which is a file; "
+                             "expected a directory path")
+
+
+@contextlib.contextmanager
+def _ownership(workdir, log):
+  """Holds the workdir's lock (taken by the writer process) for the block."""
+  lock, failure = None, None
+  if parallel.is_writer():
+    try:
+      lock = workdir_lock.acquire(workdir)
+    except OSError as e:
+      failure = e
+  if parallel.any_process(failure is not None):
+    raise failure or OSError(f"workdir {workdir}: process 0 could not take its lock")
+  try:
+    if lock is not None and lock.stale:
+      log(f"workdir {workdir}: took over the lock of a run that has ended "
+          f"({workdir_lock.describe(lock.stale)})")
+    yield
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _holds_run(workdir):
+  return (os.path.exists(os.path.join(workdir, results.CONFIG_FILE))
+          or files.recorded_outputs(workdir) is not None)
+
+
+def _check_workdir(workdir, config_json, overwrite):
+  """Usage errors (errors.ConfigError) for a workdir this run may not use: one holding files
+  that are not a bindjax run (with --overwrite: files named like its outputs), or without
+  --overwrite a run of a different config."""
+  entries = [name for name in (os.listdir(workdir) if os.path.isdir(workdir) else [])
+             if name != workdir_lock.LOCK_FILE]
+  if not entries or _holds_run(workdir):
+    if not overwrite:
+      results.check_saved_config(workdir, config_json)
+    return
+  if not overwrite:
+    raise errors.ConfigError(f"workdir={workdir!r} is not empty and holds no bindjax run; "
+                             "expected a new or empty directory or a run to resume, or pass "
+                             "--overwrite")
+  clashes = sorted(set(entries) & set(results.OUTPUTS + (results.REPORT_DIR, files.OUTPUTS_FILE)))
+  if clashes:
+    raise errors.ConfigError(f"workdir={workdir!r} holds {', '.join(clashes)}, which bindjax did "
+                             "not record as its outputs; move them away (--overwrite removes "
+                             "only what bindjax wrote)")
+
+
+def _remove_outputs(workdir):
+  """What a previous run recorded as its outputs (a run older than the record: the names it
+  writes), and the report's recorded files; a user's files stay."""
+  legacy = results.OUTPUTS if os.path.exists(os.path.join(workdir, results.CONFIG_FILE)) else ()
+  files.remove_recorded_outputs(workdir, legacy)
+  report_dir = os.path.join(workdir, results.REPORT_DIR)
+  if os.path.isdir(report_dir):
+    files.remove_recorded_outputs(report_dir)
+    if not os.listdir(report_dir):
+      os.rmdir(report_dir)
+
+
+def _finished(workdir, done, buckets, log):
+  """A finished workdir's done record, after checking results.jsonl against it; a damaged file
+  is rebuilt from the buckets' final checkpoints (ValueError when they cannot rebuild it)."""
+  path = os.path.join(workdir, results.RESULTS_FILE)
+  expected = done.get("results_sha256")
+  if expected is None or not parallel.is_writer():
+    return done
+  content = b""
+  if os.path.exists(path):
+    with open(path, "rb") as f:
+      content = f.read()
+  if hashlib.sha256(content).hexdigest() == expected:
+    return done
+  coordinates = {}
+  rows = []
+  for bucket in buckets:
+    coordinates.update((r.index, r.coordinates()) for r in bucket.replicas)
+    directory = results.bucket_checkpoint_dir(workdir, bucket.index)
+    latest = None
+    if os.path.isdir(directory):
+      with checkpoint.Checkpoints(directory) as ckpt:
+        latest = ckpt.verified_metadata(log)
+    if latest is None or "rows" not in latest[1]:
+      rows = None
+      break
+    rows += results.unpack_rows(latest[1]["rows"], coordinates)
+  if rows is None or results.rows_digest(rows) != expected:
+    raise ValueError(f"{path} does not match {results.DONE_FILE} (damaged or edited) and the "
+                     "checkpoints cannot rebuild it; restore it from a copy or pass --overwrite")
+  files.write_atomic(path, results.rows_text(rows))
+  results.write_summary(workdir, rows, [c for _, c in sorted(coordinates.items())])
+  log(f"{path} did not match {results.DONE_FILE} (damaged or edited); rebuilt it from the "
+      "checkpoints")
+  return done
+
+
 def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, devices=None):
   """Runs (or resumes) the sweep of `config` in `workdir`; returns the done-file summary.
 
-  A finished workdir is reported and left alone unless overwrite=True (which deletes the
-  previous run's outputs first). A workdir holding a different config is a ValueError listing
-  the differing fields. devices: the devices of the mesh (default all, over every process).
+  The run holds the workdir's lock throughout (`bindjax.workdir_lock`). A finished workdir is
+  reported and left alone unless overwrite=True, which first deletes what the previous run
+  recorded as its outputs (and only that). Errors: errors.ConfigError for a setting or a
+  workdir this run may not use (a different config, files that are not a bindjax run);
+  ValueError for damaged data it cannot repair; OSError for the environment (a workdir held by
+  a live run or not writable, a full disk). devices: the devices of the mesh (default all,
+  over every process).
   """
+  with errors.config_errors():
+    replicas, buckets = expand_grid(config)
+    parallel.chunk_setting(config.sweep.chunk_size, "config.sweep.chunk_size")
+    num_data = int(config.sweep.num_data)
+    mesh = parallel.make_mesh(num_data, devices=_mesh_devices(buckets, num_data, devices))
+  workdir = os.path.abspath(os.fspath(workdir))
+  _check_workdir_path(workdir)
+  with _ownership(workdir, log):
+    return _run_owned(config, workdir, replicas, buckets, mesh, overwrite=overwrite,
+                      progress=progress, log=log)
+
+
+def _run_owned(config, workdir, replicas, buckets, mesh, *, overwrite, progress, log):
   from tqdm import tqdm
 
-  replicas, buckets = expand_grid(config)
-  workdir = os.path.abspath(os.fspath(workdir))
+  writer = parallel.is_writer()
   config_json = results.config_json(config)
   done_path = os.path.join(workdir, results.DONE_FILE)
-  if overwrite and parallel.is_writer():
+  _check_workdir(workdir, config_json, overwrite)
+  if overwrite and writer:
     _remove_outputs(workdir)
-  parallel.sync("bindjax_sweep_overwrite")
-  if (not overwrite and os.path.isdir(workdir) and os.listdir(workdir)
-      and not os.path.exists(os.path.join(workdir, results.CONFIG_FILE))):
-    raise ValueError(f"workdir={workdir!r} is not empty and holds no bindjax run; expected a new "
-                     "or empty directory or a run to resume, or pass --overwrite")
-  results.check_saved_config(workdir, config_json)
   # Every process has checked the workdir before process 0 writes into it.
   parallel.sync("bindjax_sweep_checked")
   if os.path.exists(done_path):
-    with open(done_path) as f:
-      done = json.load(f)
+    done = _finished(workdir, files.read_json(done_path), buckets, log)
+    parallel.sync("bindjax_sweep_finished")
     log(f"the run in {workdir} is finished ({done['num_replicas']} replicas, "
         f"{done['num_buckets']} buckets); nothing to do (pass --overwrite to run it again)")
     return done
   coordinates = [r.coordinates() for r in replicas]
-  if parallel.is_writer():
-    os.makedirs(workdir, exist_ok=True)
-    files.write_json(os.path.join(workdir, results.CONFIG_FILE), config_json, sort_keys=True)
-    files.write_json(os.path.join(workdir, results.REPLICAS_FILE), coordinates)
+  if writer:
+    files.record_outputs(workdir, results.OUTPUTS)
+    # A resumed run already has them (the config was checked): nothing is rewritten.
+    for name, value, sort_keys in ((results.CONFIG_FILE, config_json, True),
+                                   (results.REPLICAS_FILE, coordinates, False)):
+      if not os.path.exists(os.path.join(workdir, name)):
+        files.write_json(os.path.join(workdir, name), value, sort_keys=sort_keys)
 
   settings = config.sweep
-  num_data = int(settings.num_data)
-  mesh = parallel.make_mesh(num_data, devices=_mesh_devices(buckets, num_data, devices))
   keep = int(config.checkpoint.keep)
-  keep_best = bool(config.checkpoint.keep_best)
   managers = {b.index: checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, b.index),
                                               keep=keep) for b in buckets}
-  starts = {b.index: managers[b.index].latest_step() or 0 for b in buckets}
-  rows = _Results(workdir)
-  rows.truncate({b: (s if s else None) for b, s in starts.items()})
-  parallel.sync("bindjax_sweep_truncated")
-  total = sum(len(b.replicas) * b.spec.num_steps for b in buckets)
-  initial = sum(len(b.replicas) * starts[b.index] for b in buckets)
-  log(f"sweep: {len(replicas)} replicas in {len(buckets)} buckets on {mesh.devices.size} devices "
-      f"({jax.process_count()} processes); mesh {dict(mesh.shape)}"
-      + (f"; resuming at {initial:,} of {total:,} replica-steps" if initial else ""))
-  bar = tqdm(total=total, initial=initial, unit="replica-step", unit_scale=True,
-             dynamic_ncols=True, disable=not (progress and parallel.is_writer()),
-             file=sys.stderr, mininterval=1.0)
-  loop = _Loop(mesh=mesh, results=rows, bar=bar, log=log, keep_best=keep_best,
-               chunk_setting=settings.chunk_size,
+  rows = _Results(workdir, replicas, log)
+  loop = _Loop(mesh=mesh, results=rows, bar=None, log=log,
+               keep_best=bool(config.checkpoint.keep_best), chunk_setting=settings.chunk_size,
                memory_fraction=float(settings.memory_fraction),
                fast_compile=bool(settings.fast_compile),
                checkpoint_every=int(config.checkpoint.every), log_every=int(config.log_every))
-  rows.open()
   try:
+    log(f"sweep: {len(replicas)} replicas in {len(buckets)} buckets on {mesh.devices.size} "
+        f"devices ({jax.process_count()} processes); mesh {dict(mesh.shape)}")
+    # Every restore (state and rows, checksums verified) succeeds before anything is rewritten.
+    latest = {b.index: managers[b.index].verified_metadata(log) for b in buckets}
+    last_saved = max([b.index for b in buckets if latest[b.index]], default=-1)
+    restored = {}
+    for bucket in buckets:
+      start, state, complete = loop.restore(bucket, managers[bucket.index], latest[bucket.index])
+      # Keep the state for training only where no later restore would hold a second one.
+      restored[bucket.index] = (start, None if complete or bucket.index < last_saved else state,
+                                complete)
+    total = sum(len(b.replicas) * b.spec.num_steps for b in buckets)
+    initial = sum(len(b.replicas) * (b.spec.num_steps if restored[b.index][2]
+                                     else restored[b.index][0]) for b in buckets)
+    if initial:
+      log(f"resuming at {initial:,} of {total:,} replica-steps")
+    loop.bar = tqdm(total=total, initial=initial, unit="replica-step", unit_scale=True,
+                    dynamic_ncols=True, disable=not (progress and writer), file=sys.stderr,
+                    mininterval=1.0)
+    rows.publish()
     for bucket in buckets:
       manager = managers[bucket.index]
-      if starts[bucket.index] < bucket.spec.num_steps:
-        loop.run_bucket(bucket, manager, starts[bucket.index])
+      start, state, complete = restored.pop(bucket.index)
+      if not complete:
+        loop.run_bucket(bucket, manager, start, state)
       manager.close()
-      if parallel.is_writer():
-        results.write_summary(workdir, files.read_jsonl(rows.path), coordinates)
-  finally:
-    bar.close()
+      if writer:
+        results.write_summary(workdir, rows.rows(), coordinates)
+    rows.finish()
+  except BaseException:
     rows.close()
     for manager in managers.values():
-      manager.close()
+      try:
+        manager.close()
+      except OSError:
+        pass   # the error that got us here says more
+    raise
+  finally:
+    if loop.bar is not None:
+      loop.bar.close()
+  all_rows = rows.rows()
   done = {"num_replicas": len(replicas), "num_buckets": len(buckets),
           "num_diverged": len(rows.diverged), "compile_seconds": round(loop.compile_seconds, 2),
-          "replica_steps": total, "results": rows.path}
-  if parallel.is_writer():
-    results.write_summary(workdir, files.read_jsonl(rows.path), coordinates)
+          "replica_steps": total, "results": rows.path, "num_rows": len(all_rows),
+          "results_sha256": results.rows_digest(all_rows)}
+  if writer:
+    results.write_summary(workdir, all_rows, coordinates)
     files.write_json(done_path, done)
   parallel.sync("bindjax_sweep_done")
   log(f"sweep finished: {len(replicas)} replicas, {len(rows.diverged)} diverged; compile "
@@ -544,9 +768,11 @@ def run_single(config, workdir, *, overwrite=False, progress=True, log=print):
   Returns the replica's final evaluation row; when the replica diverged, with "diverged" True
   and "diverged_step" (the step whose update was non-finite) added.
   """
-  run_sweep(single_run_config(config), workdir, overwrite=overwrite, progress=progress, log=log)
+  with errors.config_errors():
+    config = single_run_config(config)
+  run_sweep(config, workdir, overwrite=overwrite, progress=progress, log=log)
   rows = results.read_rows(workdir)
-  final = results.select_evaluations(rows, "final")
+  final = [r for r in results.select_evaluations(rows, "final") if r["kind"] == "eval"]
   out = dict(final[0]) if final else {"step": 0}
   diverged = [r for r in rows if r.get("kind") == "diverged"]
   if diverged:
@@ -569,12 +795,50 @@ class _Loop:
   log_every: int
   compile_seconds: float = 0.0
 
-  def run_bucket(self, bucket, manager, start):
-    """Trains one bucket from `start` to its last step (or until all its replicas diverged)."""
+  def is_logged(self, bucket):
+    """Whether the bucket writes rows at a step (evaluations, checkpoints, log_every)."""
+    spec = bucket.spec
+    return lambda done: (done % spec.eval_every == 0 or done % self.checkpoint_every == 0
+                         or done % self.log_every == 0 or done == spec.num_steps)
+
+  @staticmethod
+  def complete(bucket, latest):
+    """Whether the bucket's checkpoint `latest` ((step, metadata) or None) ends its training."""
+    if latest is None:
+      return False
+    step, metadata = latest
+    return bool(metadata.get("complete", step >= bucket.spec.num_steps))
+
+  def _hyper(self, bucket):
+    """The bucket's stacked hyper, padded to the replica shards and sharded; and its padding."""
+    hyper_np, valid = parallel.pad_to_multiple(bucket.stacked_hyper(),
+                                               parallel.num_replica_shards(self.mesh))
+    return parallel.shard_replicas(hyper_np, self.mesh), valid
+
+  def restore(self, bucket, manager, latest):
+    """Restores the bucket from its newest checkpoint up to `latest` ((step, metadata) of the
+    newest whose metadata verifies, or None) whose arrays verify too, falling back past
+    damaged ones and saying so; takes its rows from it and deletes newer checkpoints.
+
+    Returns (step, state, whether the bucket's training is complete); (0, None, False) without
+    a checkpoint.
+    """
+    if latest is None:
+      self.results.restore(bucket, 0, {}, self.is_logged(bucket))
+      manager.prune_after(None)
+      return 0, None, False
+    hyper, _ = self._hyper(bucket)
+    target = abstract_bucket_state(bucket.spec, self.mesh, hyper, self.keep_best)
+    start, state, metadata = manager.restore_verified(target, at_most=latest[0], log=self.log)
+    self.results.restore(bucket, start, metadata, self.is_logged(bucket))
+    manager.prune_after(start)
+    return start, state, self.complete(bucket, (start, metadata))
+
+  def run_bucket(self, bucket, manager, start, state=None):
+    """Trains one bucket from step `start` to its last step (or until all its replicas
+    diverged). state: the state `restore` returned at `start` (restored again when None)."""
     spec, mesh = bucket.spec, self.mesh
-    shards = parallel.num_replica_shards(mesh)
-    hyper_np, valid = parallel.pad_to_multiple(bucket.stacked_hyper(), shards)
-    hyper = parallel.shard_replicas(hyper_np, mesh)
+    hyper, valid = self._hyper(bucket)
     t0 = time.perf_counter()
     init_fn, step_fn, eval_fn, chunk = compile_bucket(
         spec, mesh, hyper, self.chunk_setting, self.memory_fraction, self.log,
@@ -584,13 +848,15 @@ class _Loop:
     self.log(f"bucket {bucket.index}: {len(bucket.replicas)} replicas (padded to {len(valid)}), "
              f"|O| = {spec.space.num_objects}, d_model {spec.model.d_model}; compiled in "
              f"{seconds:.1f} s" + (f"; chunk {chunk}" if chunk else ""))
+    if not start:
+      state = init_fn(hyper)
+    else:
+      if state is None:
+        _, state, _ = manager.restore(abstract_bucket_state(spec, mesh, hyper, self.keep_best),
+                                      step=start)
+      self.log(f"bucket {bucket.index}: resumed from the checkpoint at step {start}")
     postfix = {"compile": f"{self.compile_seconds:.0f}s"}
     self.bar.set_postfix(postfix, refresh=False)
-    state = init_fn(hyper)
-    if start:
-      start, state, _ = manager.restore(checkpoint.abstract_target(state))
-      self.log(f"bucket {bucket.index}: resumed from the checkpoint at step {start}")
-    manager.prune_after(start if start else None)
     metadata = {"bucket": bucket.index, "padded_replicas": len(valid)}
     pending = []
 
@@ -628,7 +894,8 @@ class _Loop:
       if is_checkpoint or stop:
         flush()
         self.results.sync()
-        manager.save(done, state, dict(metadata, step=done))
+        manager.save(done, state, dict(metadata, step=done, complete=stop or done == num_steps,
+                                       rows=self.results.packed(bucket)))
       self.bar.update(len(bucket.replicas) * (num_steps - step if stop else 1))
       if stop:
         self.log(f"bucket {bucket.index}: every replica diverged; stopped at step {done}")

@@ -136,6 +136,10 @@ class RunSpec:
           tuple(space_values) if isinstance(space_values, (list, tuple)) else space_values,
           max_objects, num_concepts=num_concepts)
       space.check_enumerable("training (a permutation of all object ids)")
+      if space.num_objects < 2:
+        # With one object there is nothing to tell apart: every accuracy would be 1.
+        raise ValueError(f"values_per_concept={list(space.values_per_concept)} gives "
+                         f"|O| = {space.num_objects} object; expected at least 2 objects")
     except ValueError as e:
       raise ValueError(f"config.space: {e}") from None
     try:
@@ -227,10 +231,10 @@ def learning_rate_multiplier(step, num_steps, warmup_steps):
 
   The update at step t uses multiplier(t), so the very first update has learning rate 0.
   """
-  step = jnp.asarray(step, jnp.float32)
-  warmup = step / max(warmup_steps, 1)
-  decay = jnp.maximum(0.0, (num_steps - step) / max(num_steps - warmup_steps, 1))
-  return jnp.where(step < warmup_steps, warmup, decay)
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, 1.0, warmup_steps),
+       optax.linear_schedule(1.0, 0.0, max(num_steps - warmup_steps, 1))],
+      [warmup_steps])(step)
 
 
 def make_optimizer(spec, learning_rate, weight_decay):
@@ -433,12 +437,3 @@ def eval_step(params, key, hyper, spec, scene_sharding=None):
   metrics["heldout/uses_training_objects"] = 1.0 - has_heldout.astype(jnp.float32)
   return metrics
 
-
-def jit_train_step(spec):
-  """train_step(state, hyper) compiled for `spec`, donating the state's buffers."""
-  return jax.jit(lambda state, hyper: train_step(state, hyper, spec), donate_argnums=0)
-
-
-def jit_eval_step(spec):
-  """eval_step(params, key, hyper) compiled for `spec`."""
-  return jax.jit(lambda params, key, hyper: eval_step(params, key, hyper, spec))

@@ -13,7 +13,8 @@ changes:
   `bindjax.complexity` fits keep XLA's defaults: their larger matmuls ran faster with YNNPACK
   (9 MLP-1024 approximators on D=512, 30 steps: 4.8 vs 5.8 s; product and sum+product equal).
 - fast_compile: several times cheaper CPU compiles of slightly slower code, for tiny models
-  (tests, smoke runs) where compiling dominates the run time.
+  (tests, smoke runs) where compiling dominates the run time. CPU only: on GPU and TPU no
+  option is passed.
 """
 import os
 
@@ -29,6 +30,6 @@ def compiler_options(platform, fast_compile=False, environ=None):
   options = {}
   if platform == "cpu" and YNN_FLAG not in environ.get("XLA_FLAGS", ""):
     options.update(CPU_OPTIONS)
-  if fast_compile:
+  if fast_compile and platform == "cpu":  # LLVM CPU back-end options
     options.update(FAST_COMPILE_OPTIONS)
   return options or None

@@ -2,28 +2,23 @@
 
   bindjax sweep --config=experiments/coverage_sweep.py:smoke --workdir=/tmp/bindjax_sweep_smoke
   bindjax report --workdir=/tmp/bindjax_sweep_smoke --overwrite   # redraw the sweep's report
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu --workdir=runs/cpu       # headline
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_144 --workdir=runs/cpu_144
 
-Presets (the ARG after the colon):
-  smoke      CI: 2 tiny spaces × 3 coverages × 2 seeds, 40 steps (well under 2 min on 2 cores).
-  cpu        2 idle CPU cores: |O| ∈ {36, 100}, coverage 0.3–0.9 (5 points), 2 seeds, a 2-layer
-             d_model-64 model with the product read-out in both towers, training queries
-             restricted to training objects, batch 128, 8000 steps at lr 1e-3 (160k replica-steps:
-             about 40 min at the 71 replica-steps/s of experiments/benchmarks/results/
-             sweep_throughput_cpu.md, about 75 min at the 35/s measured with other work on the
-             machine). These are the settings of the one GPU search that showed a transition
-             (docs/findings/phase_transition.md): at |O| = 100, 5000 steps, held-out two-object
-             accuracy rose from ≤ 0.07 at coverage ≤ 0.5 to 0.52–0.58 at 0.9 (ρ* = 0.87) with
-             training two-object accuracy 1.0; at |O| = 400 nothing generalised in 5000 steps.
-             Measured on 2 idle cores (docs/findings/phase_transition.md): about 35 min in
-             all; |O| = 100 shows a transition (held-out two-object accuracy 0.02-0.05 at
-             coverage 0.3, 0.65-0.69 at 0.9, final step; rho* = 0.82 [0.80, 0.84]; training
-             1.0); |O| = 36 does not (<= 0.32 at every coverage).
+Presets (the ARG after the colon); what each showed is in docs/findings/scaling_law.md and
+docs/findings/phase_transition.md, not here:
+  smoke      CI: 2 tiny spaces × 3 coverages × 2 seeds, 40 steps.
+  cpu        the headline CPU sweep: |O| = 100 (C = 2, V = 10), coverage 0.3–0.9 (5 points),
+             4 seeds, a 2-layer d_model-64 model with the product read-out in both towers,
+             training queries restricted to training objects, batch 128, 10,000 steps at lr 1e-3
+             (200k replica-steps).
+  cpu_144    the same model and grid at |O| = 144 (C = 2, V = 12), 12,000 steps (240k
+             replica-steps): the learning time at coverage 1 grows about as |O|^1.3
+             (docs/findings/phase_transition.md, lever 1), so the step count grows with it.
   gpu_quick  the published towers (d_model 256, 6 layers, bfloat16 matmuls) on one GPU in about
              5 minutes: |O| = 400, coverage 0.2–0.8, 1 seed, training queries restricted to
              training objects, lr 1e-4. experiments/benchmarks/device_sweep.sh re-sizes its steps
-             from the measured rate (R = 8: 405 replica-steps/s on an H200, i.e. about 58 steps/s
-             for its 7 replicas). Its only run so far (1200 steps, queries over all objects,
-             sharing the GPU) memorised: see docs/findings/phase_transition.md.
+             from the measured rate.
   paper      the study's grid: |O| ∈ {400 (C=2, V=20), 2500 (C=2, V=50), 125000 (C=3, V=50)},
              coverage 0.1–0.9, 3 seeds, the published model (d_model 256, 6 layers, d_out 64,
              batch 512, 50k steps, lr 3e-5). For accelerators / TPU pods (launch/).
@@ -50,7 +45,7 @@ GPU_QUICK_STEPS = 15000
 
 
 def get_config(arg="smoke"):
-  """Sweep config for preset `arg` (smoke | cpu | gpu_quick | paper | paper_20m)."""
+  """Sweep config for preset `arg` (smoke | cpu | cpu_144 | gpu_quick | paper | paper_20m)."""
   c = train.default_config()
   c.sweep.cpu_devices = -1   # replicas side by side, one per core
   c.grid = ml_collections.ConfigDict(dict(
@@ -68,16 +63,16 @@ def get_config(arg="smoke"):
     c.eval.update(every=20, batches=2, batch_size=32)
     c.log_every = 10
     c.checkpoint.update(every=20, keep=2)
-  elif arg == "cpu":
-    c.grid.spaces = ((2, 6), (2, 10))
+  elif arg in ("cpu", "cpu_144"):
+    c.grid.spaces = ((2, 10),) if arg == "cpu" else ((2, 12),)
     c.grid.coverages = (0.3, 0.5, 0.7, 0.8, 0.9)
-    c.grid.seeds = (0, 1)
+    c.grid.seeds = (0, 1, 2, 3)
     c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
                    product_readout="both")
     c.sampler.update(batch_size=128, train_queries="train")
     c.optimizer.learning_rate = 1e-3
-    c.num_steps = 8000
-    c.eval.update(every=1000, batches=4, batch_size=256)
+    c.num_steps = 10000 if arg == "cpu" else 12000
+    c.eval.update(every=500, batches=4, batch_size=256)
     c.log_every = 100
     c.checkpoint.update(every=1000, keep=2)
   elif arg == "gpu_quick":
@@ -100,5 +95,5 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=2000, keep=2)
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
-                     "gpu_quick, paper or paper_20m")
+                     "cpu_144, gpu_quick, paper or paper_20m")
   return c

@@ -77,7 +77,7 @@ wait
 for dir in runs/search_product runs/search_plain runs/search_lr runs/search_all runs/search_learning \
            $OUT_DEVICE/quick; do
   [ -f "$dir/results.jsonl" ] && [ ! -f "$dir/report/critical_coverage.md" ] &&
-    "$PYTHON" -m bindjax.cli report --workdir="$dir" --step=final --bootstrap=200 \
+    "$PYTHON" -m bindjax.cli report --workdir="$dir" --step=final --draws=200 \
       >>"$LOGS/reports.log" 2>&1
 done
 mv /tmp/bindjax_whl .whl

@@ -66,6 +66,47 @@ def test_metadata_and_prune_after(tmp_path):
     checkpoint.Checkpoints(tmp_path / "x", keep=0)
 
 
+def _data_files(directory, step):
+  return [os.path.join(root, name) for root, _, names in os.walk(os.path.join(directory, str(step)))
+          for name in names if os.sep + "d" + os.sep in os.path.join(root, name)]
+
+
+def test_checksums_catch_any_flipped_bit_and_a_restore_refuses(tmp_path):
+  state = _state(3)
+  sums = checkpoint.tree_checksums(state)
+  assert sums == checkpoint.tree_checksums(jax.tree.map(np.asarray, state))
+  for path, leaf in (("w", state.params["w"]), ("tau", state.params["tau"])):
+    bits = np.asarray(leaf).view(np.uint32).copy()
+    bits.reshape(-1)[0] ^= 1 << 17
+    changed = checkpoint.tree_checksums(dict(state.params, **{path: bits.view(np.float32)}))
+    assert changed[f"['{path}']"] != checkpoint.tree_checksums(state.params)[f"['{path}']"]
+  swapped = np.asarray(state.params["w"]).copy()
+  swapped.reshape(-1)[[0, 1]] = [1.0, 2.0]
+  other = swapped.copy()
+  other.reshape(-1)[[0, 1]] = [2.0, 1.0]
+  assert checkpoint.tree_checksums(swapped) != checkpoint.tree_checksums(other)
+  directory = tmp_path / "ckpt"
+  with checkpoint.Checkpoints(directory, keep=2) as ckpt:
+    for step in (1, 2):
+      ckpt.save(step, _state(step), {"step": step})
+  for data in _data_files(directory, 2):
+    raw = bytearray(open(data, "rb").read())
+    raw[len(raw) // 2] ^= 0x10
+    open(data, "wb").write(bytes(raw))
+  messages = []
+  with checkpoint.Checkpoints(directory, keep=2) as ckpt:
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=f"checkpoint {directory}/2"):
+      ckpt.restore(_state(0))
+    step, state, meta = ckpt.restore_verified(_state(0), log=messages.append)
+    assert step == 1 and meta == {"step": 1} and float(state.params["tau"]) == 1.0
+    assert len(messages) == 1 and messages[0].endswith("falling back to the previous checkpoint")
+  (directory / "1" / "metadata" / "metadata").write_text("")
+  with checkpoint.Checkpoints(directory, keep=2) as ckpt:
+    with pytest.raises(checkpoint.CorruptCheckpointError, match=r"no checkpoint of .* verifies "
+                                                                r"\(damaged: steps 1, 2\)"):
+      ckpt.restore_verified(_state(0), log=messages.append)
+
+
 def _train_command(workdir, num_steps):
   return [sys.executable, "-m", "bindjax.cli", "train",
           f"--config={os.path.join(REPO, 'experiments', 'train.py')}:smoke",

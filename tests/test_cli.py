@@ -21,7 +21,7 @@ def test_unknown_command_is_named(capsys):
 
 def test_every_command_answers_help_with_its_own_flags(capsys):
   # A flag each command defines in its own module, next to the shared ones.
-  own_flag = {"train": "progress", "sweep": "coordinator_address", "report": "bootstrap",
+  own_flag = {"train": "progress", "sweep": "coordinator_address", "report": "draws",
               "import": "reference", "probe": "train_fraction", "complexity": "config",
               "decompose": "embeddings", "interventions": "embeddings",
               "interventions-table": "summaries", "mds": "quadruple", "extract": "objects"}

@@ -4,8 +4,10 @@ Bad input data exits 1 and a usage error exits 2, each with one line on stderr t
 file or flag; a non-empty output directory is refused without --overwrite; nothing is written.
 """
 import os
+import shutil
 import sys
 
+import numpy as np
 import pytest
 
 from bindjax import cli
@@ -91,7 +93,7 @@ def test_non_empty_output_is_a_usage_error_and_is_left_alone(tmp_path, capsys, m
     (["probe", f"--embeddings={DATA}", "--train_fraction=1.5"], "train_fraction"),
     (["decompose", f"--embeddings={DATA}", f"--config={GEOMETRY}:smoke",
       "--config.decomposition.banks=avg"], "'avg'"),
-    (["report", f"--workdir={DATA}", "--bootstrap=0"], "--bootstrap=0"),
+    (["report", f"--workdir={DATA}", "--draws=0"], "--draws=0"),
     (["binding", f"--workdir={DATA}", f"--config={BINDING}:smoke", "--config.fit.eval_every=7"],
      "eval_every=7"),
     (["binding", f"--workdir={DATA}", f"--config={BINDING}:smoke", "--config.models=cubic"],
@@ -141,3 +143,90 @@ def test_one_line_keeps_a_tracebacks_last_line_only():
   text = "Traceback (most recent call last):\n  File x\nValueError: config.py: bad"
   assert flags.one_line(text) == "ValueError: config.py: bad"
   assert flags.one_line("a\n  b ") == "a b"
+
+
+TRAIN = os.path.join(REPO, "experiments", "train.py")
+SWEEP = os.path.join(REPO, "experiments", "coverage_sweep.py")
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["train", f"--config={TRAIN}:smoke", "--config.nonexistent=3"],
+     "--config.nonexistent: the config has no field 'nonexistent'; expected one of checkpoint,"),
+    (["train", f"--config={TRAIN}:smoke", "--config.optimizer.lr=1e4"],
+     "--config.optimizer.lr: config.optimizer has no field 'lr'; expected one of b1, b2, eps,"),
+    (["sweep", f"--config={SWEEP}:smoke", "--config.grid.nope=1"],
+     "--config.grid.nope: config.grid has no field 'nope'"),
+    (["train", f"--config={REPO}/experiments/no_such_file.py:smoke"],
+     f"config file {REPO}/experiments/no_such_file.py not found"),
+    (["train", f"--config={TRAIN}:nopreset"], "unknown preset 'nopreset'"),
+    (["sweep", f"--config={SWEEP}:nopreset"], "preset 'nopreset'"),
+    (["train", f"--config={TRAIN}:smoke", "--config.space.num_values=1", "--config.coverage=1.0"],
+     "gives |O| = 1 object; expected at least 2 objects"),
+])
+def test_config_holes_are_one_line_usage_errors_and_write_nothing(tmp_path, capsys, monkeypatch,
+                                                                  argv, named):
+  code, err = run(argv + [f"--workdir={tmp_path / 'out'}"], capsys, monkeypatch)
+  assert code == flags.USAGE_ERROR and len(err) == 1, err
+  assert err[0].startswith(f"bindjax {argv[0]}: ") and named in err[0], err
+  assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["train", "sweep"])
+@pytest.mark.parametrize("shape", ["a file", "under a file", "not writable"])
+def test_workdirs_that_cannot_be_used_are_one_line_errors(tmp_path, capsys, monkeypatch, name,
+                                                          shape):
+  preset = {"train": f"{TRAIN}:smoke", "sweep": f"{SWEEP}:smoke"}[name]
+  taken = tmp_path / "taken"
+  taken.write_text("mine")
+  if shape == "not writable":
+    if os.geteuid() == 0:   # root writes anywhere a mode allows nothing; sysfs refuses it too
+      if not os.path.isdir("/sys/kernel"):
+        pytest.skip("needs /sys or a non-root user")
+      workdir, expected = "/sys/kernel/bindjax_test/run", flags.INPUT_ERROR
+    else:
+      locked = tmp_path / "locked"
+      locked.mkdir(mode=0o500)
+      workdir, expected = str(locked / "run"), flags.INPUT_ERROR
+    named = f"cannot write to workdir {workdir}"
+  else:
+    workdir = str(taken if shape == "a file" else taken / "run")
+    expected = flags.USAGE_ERROR
+    named = "is a file; expected a directory" if shape == "a file" else (
+        f"lies under {taken}, which is a file")
+  code, err = run([name, f"--config={preset}", f"--workdir={workdir}"], capsys, monkeypatch)
+  assert code == expected and len(err) == 1 and named in err[0], err
+  assert err[0].startswith(f"bindjax {name}: ")
+  assert taken.read_text() == "mine" and sorted(os.listdir(tmp_path)) == sorted(
+      ["taken"] + (["locked"] if (tmp_path / "locked").exists() else []))
+
+
+def _damaged_copy(tmp_path, damage):
+  """The bundled reference folder with a damaged dataset.pkl (or a native set whose npz holds
+  an object array); returns (folder, the damaged file)."""
+  folder = tmp_path / "damaged"
+  if damage == "object array":
+    from bindjax import embeddings
+    embeddings.read_embeddings(DATA).save(folder)
+    arrays = dict(np.load(folder / "embeddings.npz"))
+    arrays["num_objects"] = arrays["num_objects"].astype(object)
+    np.savez(folder / "embeddings.npz", **arrays)
+    return folder, folder / "embeddings.npz"
+  shutil.copytree(DATA, folder)
+  pkl = folder / "dataset.pkl"
+  pkl.write_bytes(pkl.read_bytes()[:len(pkl.read_bytes()) // 2] if damage == "truncated" else b"")
+  return folder, pkl
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "object array"])
+@pytest.mark.parametrize("name", ["import", "probe", "interventions", "decompose", "complexity",
+                                  "mds"])
+def test_damaged_inputs_are_one_line_input_errors_naming_the_file(tmp_path, capsys, monkeypatch,
+                                                                  name, damage):
+  folder, damaged = _damaged_copy(tmp_path, damage)
+  if name == "import" and damage == "object array":
+    pytest.skip("import reads folders written by the original code, not native sets")
+  out = tmp_path / "out"
+  code, err = run(commands(folder, out)[name], capsys, monkeypatch)
+  assert code == flags.INPUT_ERROR and len(err) == 1, err
+  assert err[0].startswith(f"bindjax {name}: ") and str(damaged) in err[0], err
+  assert not out.exists()

@@ -38,13 +38,56 @@ def test_write_json_and_jsonl_round_trip(tmp_path):
   assert files.read_jsonl(tmp_path / "r.jsonl") == rows
 
 
-def test_read_jsonl_skips_torn_last_line(tmp_path):
+def test_read_jsonl_skips_only_a_torn_last_line(tmp_path):
   path = tmp_path / "r.jsonl"
   path.write_text('{"step": 1}\n{"step": 2}\n{"ste')
-  assert files.read_jsonl(path) == [{"step": 1}, {"step": 2}]
+  with pytest.warns(files.TornLineWarning, match=f"{path}:3: skipped a torn last line"):
+    assert files.read_jsonl(path) == [{"step": 1}, {"step": 2}]
   path.write_text('{"step": 1}\n{"ste\n')
-  assert files.read_jsonl(path) == [{"step": 1}]
+  with pytest.warns(files.TornLineWarning, match=f"{path}:2: "):
+    assert files.read_jsonl(path) == [{"step": 1}]
+  path.write_text('{"step": 1}\n{"step": 2}')   # complete, only its newline missing
+  assert files.read_jsonl(path) == [{"step": 1}, {"step": 2}]
   assert files.read_jsonl(tmp_path / "missing.jsonl") == []
+
+
+@pytest.mark.parametrize("bad", ['{"ste', "", "5", "\xff\xfe", '{"step": 2}{"step": 3}'])
+def test_read_jsonl_stops_at_a_bad_line_before_the_last(tmp_path, bad):
+  path = tmp_path / "r.jsonl"
+  path.write_bytes(b'{"step": 1}\n' + bad.encode("latin1") + b'\n{"step": 3}\n')
+  with pytest.raises(ValueError, match=f"{path}:2: not a JSON object .*damaged before its "
+                                       "last line"):
+    files.read_jsonl(path)
+
+
+def test_recorded_outputs_and_their_removal(tmp_path):
+  (tmp_path / "mine.txt").write_text("a user's")
+  assert files.recorded_outputs(tmp_path) is None
+  files.record_outputs(tmp_path, ["a.json", "sub"])
+  files.record_outputs(tmp_path, ["a.json", "b.png"])
+  assert files.recorded_outputs(tmp_path) == ["a.json", "sub", "b.png"]
+  (tmp_path / "a.json").write_text("{}")
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "x").write_text("x")
+  removed = files.remove_recorded_outputs(tmp_path)
+  assert sorted(os.path.basename(p) for p in removed) == ["a.json", "sub"]
+  assert os.listdir(tmp_path) == ["mine.txt"]
+  (tmp_path / "old.json").write_text("{}")   # a directory without a record: the names given
+  assert files.remove_recorded_outputs(tmp_path, ["old.json"]) == [str(tmp_path / "old.json")]
+  assert os.listdir(tmp_path) == ["mine.txt"]
+
+
+def test_read_arrays_refuses_object_arrays_naming_the_file(tmp_path):
+  path = tmp_path / "a.npz"
+  np.savez(path, x=np.arange(3), y=np.array([{"a": 1}], dtype=object))
+  with pytest.raises(ValueError, match=f"{path}: unreadable as numpy arrays .*object arrays are "
+                                       "refused"):
+    files.read_arrays(path)
+  np.savez(path, x=np.arange(3))
+  np.testing.assert_array_equal(files.read_arrays(path)["x"], np.arange(3))
+  (tmp_path / "bad.json").write_text("{")
+  with pytest.raises(ValueError, match="bad.json: unreadable"):
+    files.read_json(tmp_path / "bad.json")
 
 
 def test_to_jsonable_writes_strict_json():

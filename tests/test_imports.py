@@ -104,3 +104,19 @@ def test_library_does_not_import_the_command_line():
                      if not m.startswith("bindjax.commands") and m != "bindjax.cli"
                      and any(i.startswith("bindjax.commands") for i in imported))
   assert not offenders, f"library modules importing bindjax.commands: {offenders}"
+
+
+def test_importing_bindjax_changes_no_jax_setting():
+  """Every jax.config value is the same before and after importing the whole library (one
+  setting a library might want flipped is set against its default first)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ("import jax\n"
+          "jax.config.update('jax_threefry_partitionable', False)\n"
+          "before = dict(jax.config.values)\n"
+          "import importlib, pkgutil, bindjax\n"
+          "for m in pkgutil.walk_packages(bindjax.__path__, 'bindjax.'):\n"
+          "  importlib.import_module(m.name)\n"
+          "changed = {k for k, v in jax.config.values.items() if before.get(k) != v}\n"
+          "assert not changed, changed\n")
+  subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

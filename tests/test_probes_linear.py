@@ -137,3 +137,33 @@ def test_real_clevr_text_probes():
   assert float(score["concept_acc"]) == 1.0
   assert 0.40 <= float(score["object_acc"]) <= 0.55  # 0.465 measured
   assert probes["object"].shape == (24, 384)
+
+
+def test_scenes_choose_the_rows_split_and_a_metric_over_no_scenes_is_null(tmp_path, capsys):
+  """On a set that also holds single-object scenes, --scenes=two-object splits the 2-object
+  scenes alone (labels and object ids stay the whole set's); their 1-object figures are null."""
+  planted = planted_set()   # 12 single-object scenes, then 144 pairs
+  config = linear.ProbeConfig(steps=50, scenes="two-object")
+  probes, metrics = linear.run_probes(planted, config)
+  assert metrics["scenes"] == "two-object" and metrics["num_scenes"] == 144
+  assert metrics["num_train_scenes"] == 57 and metrics["num_test_scenes"] == 87
+  assert probes["object"].shape == (12, 32)
+  for split in ("train", "test"):
+    assert np.isnan(metrics[split]["object_acc_per_count"][0])
+    assert np.isfinite(metrics[split]["object_acc_per_count"][1])
+  _, every = linear.run_probes(planted, linear.ProbeConfig(steps=50))
+  assert every["scenes"] == "all" and every["num_scenes"] == 156
+  assert np.isfinite(every["test"]["object_acc_per_count"]).all()
+  directory = planted.save(str(tmp_path / "set"))
+  workdir = tmp_path / "out"
+  assert probe_command.main(["bindjax probe", f"--embeddings={directory}",
+                             f"--workdir={workdir}", "--steps=50", "--scenes=two-object"]) == 0
+  assert "probes split and fitted on 144 scenes (--scenes=two-object): 57 train, 87 test" in (
+      capsys.readouterr().out)
+  written = json.loads((workdir / "probe_metrics.json").read_text())
+  assert written["test"]["object_acc_per_count"][0] is None   # null, not 0
+  with pytest.raises(ValueError, match="scenes='pairs'"):
+    linear.ProbeConfig(scenes="pairs").validate()
+  singles = planted.subset(np.flatnonzero(planted.num_objects == 1))
+  with pytest.raises(ValueError, match="the set has 0 such scenes"):
+    linear.run_probes(singles, config)

@@ -116,7 +116,7 @@ def test_sweep_rows_and_nan_replicas(reference):
         assert evaluation[key] is not None
   assert len(by_replica) == 12
   summary = open(os.path.join(workdir, results.SUMMARY_FILE)).read().splitlines()
-  assert len(summary) == 1 + 6  # diverged replicas have no evaluation to summarise
+  assert len(summary) == 1 + 12  # one line per replica, diverged ones included
   assert json.load(open(os.path.join(workdir, results.CONFIG_FILE)))["grid"]["seeds"] == [0, 1, 2]
 
 
@@ -352,7 +352,7 @@ def test_sweep_results_feed_the_report(reference, tmp_path, metric):
     assert all(r[f"{prefix}/binding_scenes"] >= 0 for r in evals)
   out = str(tmp_path / "report")
   assert cli.main(["report", f"--workdir={workdir}", f"--out={out}", "--step=final",
-                   "--bootstrap=20", f"--metric={metric}"]) == 0
+                   "--draws=20", f"--metric={metric}"]) == 0
   assert os.path.getsize(os.path.join(out, "phase_transition.png")) > 0
   summary = json.load(open(os.path.join(out, "critical_coverage.json")))
   assert summary["metric"] == {"accuracy": "heldout/object_accuracy_{K}obj",

@@ -77,7 +77,7 @@ def test_schedule_warmup_then_linear_decay():
   mult = lambda s: float(train.learning_rate_multiplier(s, 100, 10))
   assert mult(0) == 0.0                       # the first update uses learning rate 0
   np.testing.assert_allclose([mult(5), mult(10), mult(55), mult(99), mult(100), mult(120)],
-                             [0.5, 1.0, 0.5, 1 / 90, 0.0, 0.0], rtol=1e-6)
+                             [0.5, 1.0, 0.5, 1 / 90, 0.0, 0.0], rtol=1e-5)  # float32
   # No warm-up: starts at the peak.
   assert float(train.learning_rate_multiplier(0, 100, 0)) == 1.0
 

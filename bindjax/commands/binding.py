@@ -34,8 +34,9 @@ def main(argv):
                                  config_help="binding config (experiments/binding.py:ARG)")
   flags.DEFINE_string("workdir", None, "the `bindjax sweep` (or `bindjax train`) workdir to "
                       "read", flag_values=fv)
-  flags.DEFINE_enum("step", "best", ["best", "final"], "parameters and evaluation of each "
-                    "replica: at its best held-out object accuracy, or the last",
+  flags.DEFINE_enum("step", "final", ["final", "best"], "parameters and evaluation of each "
+                    "replica: the last, or at its best held-out object accuracy (selected on "
+                    "held-out objects)",
                     flag_values=fv)
   flags.DEFINE_string("out", None, "output directory (default WORKDIR/binding)", flag_values=fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)

@@ -108,13 +108,21 @@ def parse(flag_values, argv, required=(), description=None):
   --help prints `description` (what the command does; e.g. its module docstring), then the flags.
   """
   argv = list(argv)
+  if "config" in flag_values:
+    _check_config_file(argv)
   # ml_collections finds `--config.field=value` overrides in sys.argv at parse time; point it at
   # this argv so commands called in-process (tests, notebooks) see their own overrides.
   saved_argv, sys.argv = sys.argv, argv
   try:
     rest = flag_values(argv)
+    if "config" in flag_values and flag_values["config"].present:
+      flag_values["config"].value  # pylint: disable=pointless-statement  (loads it now)
   except flags.Error as e:
-    raise UsageError(f"{argv[0]}: {e}") from None
+    raise UsageError(f"{argv[0]}: {one_line(e)}") from None
+  except (AttributeError, KeyError) as e:
+    raise UsageError(_unknown_field_message(argv, e)) from None
+  except Exception as e:  # a config file that fails to load: its own error, on one line
+    raise UsageError(f"{argv[0]}: --config: {type(e).__name__}: {one_line(e)}") from None
   finally:
     sys.argv = saved_argv
   if flag_values["help"].value:
@@ -130,6 +138,41 @@ def parse(flag_values, argv, required=(), description=None):
     if flag_values[name].value is None:
       raise UsageError(f"{argv[0]}: --{name} is required")
   return flag_values
+
+
+def _config_arg(argv):
+  """The value of --config= in argv (None when absent)."""
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      return arg[len("--config="):]
+  return None
+
+
+def _check_config_file(argv):
+  value = _config_arg(argv)
+  if value is not None and not os.path.isfile(value.split(":", 1)[0]):
+    raise UsageError(f"{argv[0]}: --config={value}: config file {value.split(':', 1)[0]} not "
+                     "found; expected path/to/file.py[:ARG]")
+
+
+def _unknown_field_message(argv, error):
+  """The one line for a --config.a.b=... override naming a field the config lacks."""
+  key = str(error.args[0] if error.args else error).strip("\"'")
+  overrides = [a[len("--config."):].split("=", 1)[0] for a in argv[1:]
+               if a.startswith("--config.")]
+  path = next((o for o in overrides if key in o.split(".")), key)
+  parts = path.split(".")
+  parent = parts[:parts.index(key)] if key in parts else []
+  expected = ""
+  try:
+    node = load_config(_config_arg(argv))
+    for part in parent:
+      node = node[part]
+    expected = f"; expected one of {', '.join(sorted(node.keys()))}"
+  except (KeyError, AttributeError, TypeError):
+    pass
+  where = "config." + ".".join(parent) if parent else "the config"
+  return f"{argv[0]}: --config.{path}: {where} has no field {key!r}{expected}"
 
 
 def check_output_dir(prog, flag, directory, overwrite):

@@ -1,10 +1,13 @@
-"""`bindjax report --workdir=DIR [--step=best|final] [--metric=accuracy|binding] [--out=OUT]`.
+"""`bindjax report --workdir=DIR [--step=final|best] [--metric=accuracy|binding] [--out=OUT]`.
 
-The phase-transition figure and ρ* table of a sweep (docs/training.md#sweeps): one evaluation
-per replica (best held-out object accuracy, or the last), averaged over seeds, with a logistic
-fit of held-out accuracy against coverage per series. Writes OUT (default DIR/report):
-phase_transition.png/.pdf, critical_coverage.md/.json, points.json; a non-empty OUT is refused
-unless --overwrite.
+The phase-transition figure and ρ* table of a sweep (docs/training.md, "Critical coverage and
+its interval"): one evaluation per replica (by default the last; "best", the step of highest
+held-out accuracy, is chosen on the held-out objects and so optimistic), a logistic fit of
+held-out accuracy against coverage per seed and series, ρ* as the mean over seeds with a
+Student t interval, and a scaling law over sizes. Writes OUT (default DIR/report):
+phase_transition.png/.pdf, scaling_law.png/.pdf (two or more sizes), critical_coverage.md/.json,
+points.json; a non-empty OUT is refused unless --overwrite. --workdir=A,B,... reports several
+sweeps together (one per object-space size, say); --out is then required.
 """
 import os
 
@@ -18,10 +21,10 @@ from bindjax.commands import flags as bj_flags
 def main(argv):
   """Writes DIR/report/{phase_transition.png,.pdf, critical_coverage.md,.json}; returns 0."""
   fv = bj_flags.new_flag_values(with_config=False)
-  flags.DEFINE_enum("step", "best", ["best", "final"],
-                    "which evaluation per replica: best held-out object accuracy or the last",
-                    flag_values=fv)
-  flags.DEFINE_integer("bootstrap", 1000, "bootstrap resamples over seeds for the ρ* interval",
+  flags.DEFINE_enum("step", report.DEFAULT_STEP, ["final", "best"],
+                    "which evaluation per replica: the last, or the best held-out object "
+                    "accuracy (selected on held-out objects: optimistic)", flag_values=fv)
+  flags.DEFINE_integer("draws", 1000, "refits behind the scaling law's intervals",
                        flag_values=fv)
   flags.DEFINE_enum("metric", "accuracy", sorted(report.RHO_METRICS),
                     "held-out figure ρ* is read from: set-separation accuracy on max-object "
@@ -29,20 +32,28 @@ def main(argv):
   flags.DEFINE_string("out", None, "output directory (default WORKDIR/report)", flag_values=fv)
   bj_flags.define_overwrite(fv)
   bj_flags.parse(fv, argv, required=("workdir",), description=__doc__)
-  prog, workdir = argv[0], fv["workdir"].value
-  out = fv["out"].value or os.path.join(workdir, results.REPORT_DIR)
-  if fv["bootstrap"].value < 1:
-    raise bj_flags.UsageError(f"{prog}: --bootstrap={fv['bootstrap'].value}: expected >= 1")
+  prog, workdirs = argv[0], fv["workdir"].value.split(",")
+  if len(workdirs) > 1 and not fv["out"].value:
+    raise bj_flags.UsageError(f"{prog}: --workdir lists {len(workdirs)} sweeps: --out is "
+                              "required")
+  out = fv["out"].value or os.path.join(workdirs[0], results.REPORT_DIR)
+  if fv["draws"].value < 1:
+    raise bj_flags.UsageError(f"{prog}: --draws={fv['draws'].value}: expected >= 1")
   bj_flags.check_output_dir(prog, "out", out, fv["overwrite"].value)
   with bj_flags.input_errors(prog):
-    summary = report.make_report(workdir, step=fv["step"].value,
-                                 num_bootstrap=fv["bootstrap"].value, out_dir=out,
+    summary = report.make_report(workdirs, step=fv["step"].value,
+                                 num_draws=fv["draws"].value, out_dir=out,
                                  metric=fv["metric"].value)
   for row in summary["critical_coverage"]:
     rho = "–" if row["rho_star"] is None else f"{row['rho_star']:.3f}"
-    print(f"{row['label']}: rho* = {rho} ({row['status']}, {row['num_seeds']} seeds)")
+    interval = "" if not row["interval"] else " [{:.3f}, {:.3f}]".format(*row["interval"])
+    print(f"{row['label']}: rho* = {rho}{interval} ({row['status']}, {row['num_seeds']} seeds, "
+          f"{summary['step']} step)")
   if summary["scaling_law"]:
     law = summary["scaling_law"][summary["scaling_law"]["best"]]
     print(f"scaling law: {law['formula']}, a={law['a']:.4g}, b={law['b']:.4g}, R2={law['r2']:.3f}")
-  print("wrote", ", ".join(summary["figures"]))
+  unfinished = ("" if summary["finished"] else
+                f" (the sweep is unfinished: no {results.DONE_FILE} yet, so this covers the "
+                f"{summary['num_replicas']} replicas with rows so far)")
+  print("wrote", ", ".join(summary["figures"]) + unfinished)
   return 0

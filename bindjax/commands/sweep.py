@@ -1,20 +1,26 @@
 """`bindjax sweep --config=experiments/coverage_sweep.py:ARG --workdir=DIR`: run a coverage sweep.
 
 Resumes from each bucket's latest checkpoint when DIR holds this sweep (same config); a DIR
-holding a different config, or files that are not a bindjax run, is refused unless --overwrite.
-A finished DIR is reported and left alone. Multi-host: on TPU pods and SLURM jobs
-jax.distributed starts by itself; elsewhere pass --coordinator_address, --num_processes and
---process_id (the same command on every host).
+holding a different config, or files that are not a bindjax run, is refused unless --overwrite
+(which removes only what bindjax recorded as its outputs). A finished DIR is reported and left
+alone, its report included. The run holds DIR's lock while it runs: a second run on DIR is
+refused. Multi-host: on TPU pods and SLURM jobs jax.distributed starts by itself; elsewhere pass
+--coordinator_address, --num_processes and --process_id (the same command on every host).
 """
+import logging
+import os
+
 from absl import flags
 
 from bindjax import parallel
+from bindjax import results
 from bindjax.commands import flags as bj_flags
 
 
 def run(argv, *, single, description):
   """Parses the flags of `bindjax sweep` (single=False) or `bindjax train` (single=True) and
-  runs the loop; returns (flag values, the run's result)."""
+  runs the loop; returns (flag values, the run's result, whether the workdir was already
+  finished and left alone)."""
   fv = bj_flags.new_flag_values()
   bj_flags.define_overwrite(fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
@@ -38,19 +44,25 @@ def run(argv, *, single, description):
                                         fv["num_processes"].value, fv["process_id"].value)
   from bindjax import sweep  # pylint: disable=g-import-not-at-top
   loop = sweep.run_single if single else sweep.run_sweep
-  with bj_flags.usage_errors(prog):
-    result = loop(config, fv["workdir"].value, overwrite=fv["overwrite"].value,
-                  progress=fv["progress"].value)
-  return fv, result
+  workdir, overwrite = fv["workdir"].value, fv["overwrite"].value
+  finished = os.path.exists(os.path.join(workdir, results.DONE_FILE)) and not overwrite
+  # orbax logs every failed write many times over; the failure itself ends the run as one line.
+  logging.getLogger("absl").setLevel(logging.CRITICAL)
+  with bj_flags.run_errors(prog):
+    result = loop(config, workdir, overwrite=overwrite, progress=fv["progress"].value)
+  return fv, result, finished
 
 
 def main(argv):
   """Runs or resumes the sweep, then writes its report. Returns 0."""
-  fv, _ = run(argv, single=False, description=__doc__)
-  if fv["report"].value and parallel.is_writer():
+  fv, _, finished = run(argv, single=False, description=__doc__)
+  if finished and fv["report"].value:
+    print(f"report: left as it is (the sweep was already finished); `bindjax report "
+          f"--workdir={fv['workdir'].value} --overwrite` redraws it")
+  elif fv["report"].value and parallel.is_writer():
     from bindjax import report  # pylint: disable=g-import-not-at-top
     try:
-      summary = report.make_report(fv["workdir"].value, num_bootstrap=200)
+      summary = report.make_report(fv["workdir"].value, num_draws=200)
       print("report:", ", ".join(summary["figures"]))
     except ValueError as e:
       print(f"report skipped: {e}")

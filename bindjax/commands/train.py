@@ -22,7 +22,7 @@ SHOWN = ("step", "loss", "heldout/object_accuracy", "heldout/concept_accuracy",
 
 def main(argv):
   """Runs (or resumes) the training run; prints the final metrics as JSON. Returns 0."""
-  _, final = sweep_command.run(argv, single=True, description=__doc__)
+  _, final, _ = sweep_command.run(argv, single=True, description=__doc__)
   if final.get("diverged"):
     raise bj_flags.InputError(f"{argv[0]}: the run diverged: the update of step "
                               f"{final['diverged_step']} was non-finite; its last finite state "

@@ -9,12 +9,12 @@ and optionally `dataset.json` (scenes and captions). Every pickle goes through s
 """
 import collections.abc
 import glob
-import json
 import os
 
 import numpy as np
 
 from bindjax import embedding_set as embeddings_lib
+from bindjax import files
 from bindjax.compat import safe_pickle
 from bindjax.compat import torch_format
 
@@ -25,8 +25,7 @@ def read_metadata(path):
   Keys read: values_per_concept (list, or an int for every concept; alias
   num_values_per_concept), num_concepts, num_objects (max objects per scene), names.
   """
-  with open(path) as f:
-    meta = json.load(f)
+  meta = files.read_json(path)
   if not isinstance(meta, dict):
     raise ValueError(f"{path}: expected a JSON object, got {type(meta).__name__}")
   values = meta.get("values_per_concept", meta.get("num_values_per_concept"))
@@ -52,8 +51,7 @@ def read_metadata(path):
 def read_dataset(path):
   """dataset.pkl (safe unpickling) or dataset.json -> list of scenes of lists of ints."""
   if path.endswith(".json"):
-    with open(path) as f:
-      data = json.load(f)
+    data = files.read_json(path)
     scenes = data["scenes"] if isinstance(data, dict) else data
   else:
     scenes = safe_pickle.load(path)
@@ -83,11 +81,8 @@ def read_embeddings_file(path):
   with 'embeddings' and optional probes_single_concept / probes_object (whole torch Linear
   modules, state dicts or weight arrays; weights [out, in], biases must be absent or zero).
   """
-  if path.endswith(".npy"):
-    obj = np.load(path, allow_pickle=False)
-  elif path.endswith(".npz"):
-    with np.load(path, allow_pickle=False) as arrays:
-      obj = {k: arrays[k] for k in arrays.files}
+  if path.endswith((".npy", ".npz")):
+    obj = files.read_arrays(path)
   else:
     obj = torch_format.load(path)
   info, probes = {}, {}
@@ -209,8 +204,7 @@ def read_reference_folder(directory, embeddings_file=None):
   rows, row_kind = _match_rows(array.shape[0], num_objects, path, dataset_path)
   captions = None
   if os.path.exists(json_path):
-    with open(json_path) as f:
-      data = json.load(f)
+    data = files.read_json(json_path)
     if isinstance(data, dict) and isinstance(data.get("captions"), list):
       if len(data["captions"]) != len(scenes):
         raise ValueError(f"{json_path}: {len(data['captions'])} captions for {len(scenes)} "

@@ -21,6 +21,7 @@ import collections
 import io
 import os
 import pickle
+import struct
 
 import numpy as np
 
@@ -326,10 +327,16 @@ class RestrictedUnpickler(pickle.Unpickler):
     return self._persistent_load(pid)
 
 
+# What a damaged (truncated, empty, garbage) pickle raises while it is read.
+READ_ERRORS = (pickle.UnpicklingError, EOFError, struct.error, KeyError, TypeError, ValueError,
+               IndexError, AttributeError, UnicodeDecodeError)
+
+
 def load(file_or_bytes, persistent_load=None, extra_globals=None):
   """Unpickles one object from a binary file, bytes or a path, allowing only safe globals.
 
-  Raises RefusedGlobalError (a pickle.UnpicklingError) naming the first disallowed global.
+  Raises RefusedGlobalError (a pickle.UnpicklingError) naming the first disallowed global;
+  given a path, ValueError naming the file when it is not a readable pickle (truncated, empty).
   `extra_globals` as in RestrictedUnpickler.
   """
   if isinstance(file_or_bytes, (bytes, bytearray, memoryview)):
@@ -340,5 +347,8 @@ def load(file_or_bytes, persistent_load=None, extra_globals=None):
         return RestrictedUnpickler(f, persistent_load, extra_globals, encoding="latin1").load()
       except RefusedGlobalError as e:
         raise RefusedGlobalError(e.name, file_or_bytes) from None
+      except READ_ERRORS as e:
+        raise ValueError(f"{os.fspath(file_or_bytes)}: not a readable pickle "
+                         f"({type(e).__name__}: {e}); expected a complete pickle file") from None
   return RestrictedUnpickler(file_or_bytes, persistent_load, extra_globals,
                              encoding="latin1").load()

@@ -44,8 +44,7 @@ def load(path):
       return _load_stream(f)
   except safe_pickle.RefusedGlobalError as e:
     raise safe_pickle.RefusedGlobalError(e.name, path) from None
-  except (pickle.UnpicklingError, EOFError, struct.error, zipfile.BadZipFile, KeyError,
-          TypeError, ValueError, IndexError) as e:
+  except safe_pickle.READ_ERRORS + (zipfile.BadZipFile,) as e:
     raise ValueError(f"{path}: not a readable torch.save file or pickle: {e}") from e
 
 

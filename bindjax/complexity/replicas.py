@@ -297,7 +297,7 @@ def _fit_bucket(workdir, run_info, bucket, positions, evaluations, step, config,
   return fitted, timing, infos, sets
 
 
-def run(config, workdir, out, step="best", mesh=None, log=print, progress=True):
+def run(config, workdir, out, step="final", mesh=None, log=print, progress=True):
   """The `bindjax binding` flow on the sweep in `workdir`; writes the outputs to `out` (made if
   needed; the caller refuses a non-empty one) and returns the summary dict.
 

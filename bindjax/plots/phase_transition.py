@@ -1,4 +1,9 @@
-"""Phase-transition figure: held-out accuracy vs coverage, one line per object-space size."""
+"""Phase-transition figure (held-out accuracy vs coverage, one line per object-space size) and
+scaling-law figure (critical coverage vs |O|).
+
+Metric definitions: docs/objectives.md ("set-separation accuracy", "binding").
+"""
+import numpy as np
 
 import matplotlib
 
@@ -8,28 +13,34 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 from bindjax import files  # noqa: E402
 
 PANELS = (
-    ("heldout/object_accuracy_{K}obj", "held-out objects, max-object scenes"),
-    ("heldout/binding", "held-out binding figure"),
-    ("train/object_accuracy_{K}obj", "training objects, max-object scenes"),
-    ("train/binding", "training binding figure"),
-    ("heldout/object_accuracy_1obj", "held-out objects, 1-object scenes"),
+    ("heldout/object_accuracy_{K}obj", "held-out objects: accuracy, most-object scenes"),
+    ("heldout/binding", "held-out objects: binding score"),
+    ("train/object_accuracy_{K}obj", "training objects: accuracy, most-object scenes"),
+    ("train/binding", "training objects: binding score"),
+    ("heldout/object_accuracy_1obj", "held-out objects: accuracy, 1-object scenes"),
 )
 
 
-def plot(series, critical, path_stem, step="best", formats=("png", "pdf"),
-         rho_metric=PANELS[0][0]):
+def _save(fig, path_stem, formats):
+  paths = files.save_figures(fig, path_stem, formats, dpi=150)
+  plt.close(fig)
+  return paths
+
+
+def plot(series, critical, path_stem, step="final", formats=("png", "pdf"),
+         rho_metric=PANELS[0][0], title=None):
   """Draws the panels (mean ± std over seeds, dots per seed) and saves them.
 
   series: `bindjax.report.aggregate` output holding every panel's metric; critical:
-  `critical_coverages` rows in the same order, drawn (dashed ρ*) on the `rho_metric` panel.
-  Returns the written file paths.
+  `critical_coverages` rows in the same order, drawn (dashed ρ*, shaded interval) on the
+  `rho_metric` panel. title: the figure's title (run, sizes, step). Returns the written paths.
   """
   fig, axes = plt.subplots(1, len(PANELS), figsize=(3.6 * len(PANELS), 3.4), sharey=True,
                            constrained_layout=True)
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for i, (s, crit) in enumerate(zip(series, critical)):
     color = colors[i % len(colors)]
-    for ax, (metric, title) in zip(axes, PANELS):
+    for ax, (metric, _) in zip(axes, PANELS):
       xs, mean, low, high = [], [], [], []
       for p in s["points"]:
         m = p.get(metric)
@@ -49,14 +60,52 @@ def plot(series, critical, path_stem, step="best", formats=("png", "pdf"),
         ax.axvline(crit["rho_star"], color=color, linestyle="--", linewidth=1)
         if crit["interval"]:
           ax.axvspan(*crit["interval"], color=color, alpha=0.07)
-  for ax, (_, title) in zip(axes, PANELS):
-    ax.set_title(title, fontsize=10)
+  for ax, (_, panel_title) in zip(axes, PANELS):
+    ax.set_title(panel_title, fontsize=10)
     ax.set_xlabel("coverage ρ")
     ax.set_ylim(-0.02, 1.02)
-    ax.axhline(0.5, color="0.7", linewidth=0.6, zorder=0)
+    ax.axhline(0.5, color="0.6", linewidth=0.6, zorder=0, linestyle=":")
     ax.grid(alpha=0.3)
-  axes[0].set_ylabel(f"accuracy ({step} step)")
+  axes[0].annotate("0.5: ρ* threshold", (0.02, 0.5), xycoords=("axes fraction", "data"),
+                   xytext=(0, 2), textcoords="offset points", fontsize=7, color="0.4")
+  axes[0].set_ylabel(f"score ({step} step)")
   axes[0].legend(fontsize=7, loc="upper left")
-  paths = files.save_figures(fig, path_stem, formats, dpi=150)
-  plt.close(fig)
-  return paths
+  if title:
+    fig.suptitle(title, fontsize=11)
+  return _save(fig, path_stem, formats)
+
+
+def plot_scaling_law(critical, laws, path_stem, title=None, formats=("png", "pdf")):
+  """ρ* with its interval against |O| (log axis; marker per number of concepts C), and the
+  best scaling law with its band when `laws` holds one. Returns the written paths."""
+  fig, ax = plt.subplots(figsize=(4.6, 3.6), constrained_layout=True)
+  markers = {2: "o", 3: "s", 4: "^"}
+  for c in sorted({r["C"] for r in critical}):
+    rows = [r for r in critical if r["C"] == c]
+    n = np.array([r["space_size"] for r in rows], dtype=float)
+    rho = np.array([r["rho_star"] for r in rows])
+    low = np.array([r["rho_star"] - r["interval"][0] if r["interval"] else 0 for r in rows])
+    high = np.array([r["interval"][1] - r["rho_star"] if r["interval"] else 0 for r in rows])
+    ax.errorbar(n, rho, yerr=[low, high], fmt=markers.get(c, "D"), capsize=3,
+                label=f"C = {c}", color="k" if c == 2 else "tab:blue")
+  if laws:
+    law = laws[laws["best"]]
+    if "band" in law:
+      band = law["band"]
+      ax.fill_between(band["space_size"], band["low"], band["high"], color="tab:orange",
+                      alpha=0.2, linewidth=0)
+    grid = np.array(law.get("band", {}).get("space_size") or
+                    np.logspace(np.log10(min(r["space_size"] for r in critical)),
+                                np.log10(max(r["space_size"] for r in critical)), 50))
+    curve = (law["a"] * grid ** law["b"] if laws["best"] == "power_law"
+             else law["a"] + law["b"] * np.log10(grid))
+    ax.plot(grid, curve, color="tab:orange", label=f"{law['formula']}, b = {law['b']:.3g}")
+  ax.set_xscale("log")
+  ax.set_xlabel("object-space size |O|")
+  ax.set_ylabel("critical coverage ρ*")
+  ax.set_ylim(0, 1)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  if title:
+    ax.set_title(title, fontsize=9)
+  return _save(fig, path_stem, formats)

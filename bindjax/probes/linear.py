@@ -27,6 +27,9 @@ from bindjax import objectives
 from bindjax import progress as progress_lib
 
 SIMILARITIES = ("dot", "cosine")
+# Which scenes `run_probes` splits and fits: every scene, or the 2-object scenes alone (the
+# original code's probes: on a set that also holds single-object scenes, the two differ).
+SCENES = ("all", "two-object")
 # exp(2.659) = 1/0.07, the usual learnable-temperature start for cosine logits.
 _INIT_LOG_TEMPERATURE = math.log(1 / 0.07)
 
@@ -40,8 +43,11 @@ class ProbeConfig:
   train_fraction: float = 0.4
   seed: int = 0
   init_log_temperature: float = _INIT_LOG_TEMPERATURE
+  scenes: str = "all"
 
   def validate(self):
+    if self.scenes not in SCENES:
+      raise ValueError(f"ProbeConfig.scenes={self.scenes!r}: expected one of {SCENES}")
     if self.similarity not in SIMILARITIES:
       raise ValueError(f"ProbeConfig.similarity={self.similarity!r}: expected one of "
                        f"{SIMILARITIES}")
@@ -179,7 +185,8 @@ def score_embeddings(weights, embeddings_NxD, labels, row_mask_N, similarity="do
   """Set-separation accuracy and losses of frozen probes on the rows of row_mask.
 
   Returns a dict of arrays: concept_acc (mean over concepts), concept_acc_per_concept [C],
-  object_acc, object_acc_per_count [K], concept_loss, object_loss, loss. Pure and vmappable
+  object_acc, object_acc_per_count [K], concept_loss, object_loss, loss. An accuracy over no
+  rows (a count no scene has) is NaN, which JSON results write as null. Pure and vmappable
   over weights and/or embeddings.
   """
   z_NxD = jnp.asarray(embeddings_NxD, jnp.float32)
@@ -189,7 +196,7 @@ def score_embeddings(weights, embeddings_NxD, labels, row_mask_N, similarity="do
   def concept_acc(logits_NxV, labels_NxV, mask_V):
     rows_N = row_mask_N & objectives.active_rows(labels_NxV, mask_V)
     correct_N = objectives.set_separation_correct(logits_NxV, labels_NxV, mask_V)
-    return objectives.masked_mean(correct_N, rows_N)
+    return _nan_without_rows(objectives.masked_mean(correct_N, rows_N), rows_N.sum())
 
   per_concept_C = jax.vmap(concept_acc)(concept_CxNxV, labels.concept_CxNxV,
                                         labels.concept_mask_CxV)
@@ -197,8 +204,10 @@ def score_embeddings(weights, embeddings_NxD, labels, row_mask_N, similarity="do
   object_rows_N = row_mask_N & objectives.active_rows(labels.object_NxU, object_mask_U)
   object_correct_N = objectives.set_separation_correct(object_NxU, labels.object_NxU,
                                                        object_mask_U)
-  object_acc, per_count_K, _ = objectives.accuracy_by_count(
+  object_acc, per_count_K, rows_K = objectives.accuracy_by_count(
       object_correct_N, object_rows_N, labels.num_objects_N, labels.max_objects)
+  object_acc = _nan_without_rows(object_acc, object_rows_N.sum())
+  per_count_K = _nan_without_rows(per_count_K, rows_K)
   concept_losses_C, object_loss = _head_losses(weights, z_NxD, labels, row_mask_N, similarity)
   return {
       "concept_acc": per_concept_C.mean(),
@@ -209,6 +218,10 @@ def score_embeddings(weights, embeddings_NxD, labels, row_mask_N, similarity="do
       "object_loss": object_loss,
       "loss": concept_losses_C.sum() + object_loss,
   }
+
+
+def _nan_without_rows(value, num_rows):
+  return jnp.where(num_rows > 0, value, jnp.nan)
 
 
 def init_weights(key, values_per_concept, num_unique, dim, config):
@@ -400,8 +413,24 @@ def to_python(metrics):
   return jax.tree_util.tree_map(lambda x: np.asarray(x).tolist(), metrics)
 
 
+def probe_rows(embedding_set, scenes="all"):
+  """Indices of the scenes `run_probes` splits: all of them, or the 2-object scenes alone
+  ("two-object"); ValueError when that leaves fewer than 2."""
+  if scenes not in SCENES:
+    raise ValueError(f"scenes={scenes!r}: expected one of {SCENES}")
+  rows = (np.arange(embedding_set.num_scenes) if scenes == "all"
+          else embedding_set.two_object_rows())
+  if rows.size < 2:
+    raise ValueError(f"scenes={scenes!r}: the set has {rows.size} such scenes; a probe split "
+                     "needs at least 2")
+  return rows
+
+
 def run_probes(embedding_set, config=ProbeConfig(), progress=False):
   """The probe analysis of an EmbeddingSet (docs/probes.md): split, fit, score train and test.
+
+  config.scenes picks the scenes that are split (the permutation runs over them, in set order);
+  labels and object ids are the whole set's, so the stored probes fit any scene of the set.
 
   progress: show a progress bar (steps, rate, ETA, training loss) on stderr while fitting.
 
@@ -410,8 +439,10 @@ def run_probes(embedding_set, config=ProbeConfig(), progress=False):
   config.validate()
   labels = labels_from_set(embedding_set)
   n = embedding_set.embeddings.shape[0]
-  train_rows, test_rows = scene_split(n, config.seed, config.train_fraction)
-  train_mask = rows_to_mask(train_rows, n)
+  rows = probe_rows(embedding_set, config.scenes)
+  train_rows, test_rows = scene_split(len(rows), config.seed, config.train_fraction)
+  train_mask = rows_to_mask(rows[train_rows], n)
+  test_mask = rows_to_mask(rows[test_rows], n)
   bar, on_chunk = progress_lib.loss_bar(config.steps, "step", progress)
   try:
     weights, losses = fit_probes(embedding_set.embeddings, labels, train_mask, config, on_chunk)
@@ -420,10 +451,12 @@ def run_probes(embedding_set, config=ProbeConfig(), progress=False):
   z = jnp.asarray(embedding_set.embeddings, jnp.float32)
   metrics = {
       "train": to_python(score_embeddings(weights, z, labels, train_mask, config.similarity)),
-      "test": to_python(score_embeddings(weights, z, labels, ~train_mask, config.similarity)),
+      "test": to_python(score_embeddings(weights, z, labels, test_mask, config.similarity)),
       "final_train_loss": float(losses[-1]),
+      "scenes": config.scenes,
+      "num_scenes": len(rows),
       "num_train_scenes": int(train_mask.sum()),
-      "num_test_scenes": int((~train_mask).sum()),
+      "num_test_scenes": int(test_mask.sum()),
       "config": dataclasses.asdict(config),
   }
   if config.similarity == "cosine":

@@ -321,9 +321,9 @@ def train_step_flops(spec):
   """Matmul FLOPs of one replica's train step: 3 × forward of both towers."""
   space, sampler, model = spec.space, spec.sampler, spec.model
   queries = sampler.num_concept_queries(space) + sampler.num_object_queries(space)
-  forward = (models.tower_flops(model, sampler.batch_size, space.scene_length) +
+  forward = (models.tower_flops(model, sampler.batch_size, space.scene_length, tower="scene") +
              models.tower_flops(model, queries, space.query_length,
-                                out_features=model.query_out_features))
+                                out_features=model.query_out_features, tower="query"))
   return 3 * forward
 
 

@@ -2,6 +2,7 @@
 
   python experiments/benchmarks/train_step.py                      # paper + small configs
   python experiments/benchmarks/train_step.py --configs=small --repeats=5 --steps=20
+  python experiments/benchmarks/train_step.py --configs=cpu_plain,cpu_product --tag=product_readout
   python experiments/benchmarks/train_step.py --no_donate          # compare without donation
   XLA_FLAGS=... python experiments/benchmarks/train_step.py --tag=myflags
 
@@ -39,8 +40,14 @@ def _config(name):
     c.space.update(num_concepts=2, num_values=4, max_objects=2)
     c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32)
     c.sampler.update(batch_size=64)
+  elif name in ("cpu_plain", "cpu_product"):  # the cpu sweep preset's model at |O| = 100
+    c.space.update(num_concepts=2, num_values=10, max_objects=2)
+    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
+                   product_readout="both" if name == "cpu_product" else "none")
+    c.sampler.update(batch_size=128, train_queries="train")
   elif name != "paper":
-    raise ValueError(f"--configs: unknown config {name!r}; expected paper or small")
+    raise ValueError(f"--configs: unknown config {name!r}; expected paper, small, cpu_plain or "
+                     "cpu_product")
   return c
 
 
@@ -50,8 +57,9 @@ def _analytic_flops(spec):
   num_queries = (spec.sampler.num_concept_queries(spec.space) +
                  spec.sampler.num_object_queries(spec.space))
   b = spec.sampler.batch_size
-  forward = (models.tower_flops(m, b, spec.space.scene_length, m.d_out) +
-             models.tower_flops(m, num_queries, spec.space.query_length, m.query_out_features) +
+  forward = (models.tower_flops(m, b, spec.space.scene_length, m.d_out, tower="scene") +
+             models.tower_flops(m, num_queries, spec.space.query_length, m.query_out_features,
+                                tower="query") +
              2 * b * num_queries * m.d_out)
   return 3 * forward
 
