@@ -210,3 +210,11 @@ def save_figure(fig, path, **savefig_kwargs):
   """Saves a matplotlib figure to `path` atomically; the caller still owns (and closes) `fig`."""
   with atomic_path(path) as tmp:
     fig.savefig(tmp, **savefig_kwargs)
+
+
+def save_figures(fig, path_stem, formats, **savefig_kwargs):
+  """Saves `fig` as path_stem.<format> for every format (atomically); returns the paths."""
+  paths = [f"{path_stem}.{fmt}" for fmt in formats]
+  for fmt, path in zip(formats, paths):
+    save_figure(fig, path, format=fmt, **savefig_kwargs)
+  return paths

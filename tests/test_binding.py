@@ -3,6 +3,7 @@
 Semantics: docs/binding.md. The rows must equal `bindjax extract --replica=N` followed by
 `bindjax complexity` with the set's own coverage split, fit for fit.
 """
+import dataclasses
 import json
 import os
 import shutil
@@ -13,11 +14,16 @@ import numpy as np
 import pytest
 
 from bindjax import cli
+from bindjax import embeddings
 from bindjax import files
 from bindjax import parallel
 from bindjax import results
 from bindjax.commands import flags
+from bindjax.complexity import data as data_lib
+from bindjax.complexity import families
+from bindjax.complexity import fitting
 from bindjax.complexity import replicas
+from bindjax.probes import linear
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINDING = os.path.join(REPO, "experiments", "binding.py")
@@ -111,9 +117,10 @@ def test_a_diverged_replica_is_reported_and_not_fitted(sweep_dir, tmp_path):
   files.write_jsonl(workdir / results.RESULTS_FILE, [r for r in rows if r["replica"] != 3 or
                                                       r["step"] < 4] + [
       dict(coordinates, kind="diverged", step=3, diverged=True, diverged_step=3)])
-  summary = replicas.run(binding_config("--config.models=additive,mlp:16",
-                                        "--config.fit.steps=10", "--config.fit.eval_every=10"),
-                         workdir, tmp_path / "out", "final", progress=False)
+  config = binding_config("--config.models=additive,mlp:16", "--config.fit.steps=10",
+                          "--config.fit.eval_every=10")
+  config.save_embeddings = True
+  summary = replicas.run(config, workdir, tmp_path / "out", "final", progress=False)
   out = summary["rows"]
   diverged = [r for r in out if r["replica"] == 3]
   assert [r["name"] for r in diverged] == ["additive", "mlp[16]"]
@@ -123,6 +130,43 @@ def test_a_diverged_replica_is_reported_and_not_fitted(sweep_dir, tmp_path):
   assert sum(b["num_models"] for b in summary["buckets"]) == 3 * 2
   assert summary["replicas"] == {"fitted": 3, "diverged": 1, "not_evaluated": 0}
   assert all(c["test_only"]["num_points"] == 3 for c in summary["correlations"])
+  saved = sorted(os.listdir(tmp_path / "out" / replicas.EMBEDDINGS_DIR))
+  assert saved == ["replica_0000", "replica_0001", "replica_0002"]
+  es = embeddings.read_embeddings(tmp_path / "out" / replicas.EMBEDDINGS_DIR / saved[1])
+  assert es.num_scenes == 16 * 16 and es.provenance["replica"] == 1
+  assert es.provenance["checkpoint"] == "latest" and es.provenance["step"] == 4
+
+
+def test_fits_with_own_targets_and_splits_equal_separate_fits():
+  """fit_grid with `own`: each fit trains on and is scored by its own set's targets and probes
+  on its own split, as if each set were fitted alone (vmapped and sharded vs one at a time)."""
+  objects, ids = data_lib.all_scenes((3, 3), 2)
+  rng = np.random.default_rng(0)
+  targets = rng.normal(size=(3, 81, 4)).astype(np.float32)
+  probes = [linear.init_weights(jax.random.PRNGKey(k), (3, 3), 9, 4, linear.ProbeConfig())
+            for k in range(3)]
+  splits = [(rng.permutation(9), n) for n in (4, 6, 6)]
+  model = families.make("sum_product", (3, 3), 2, out_dim=4, embed_dim=2)
+  config = fitting.FitConfig(steps=20, eval_every=10)
+
+  def data_of(t):
+    return data_lib.prepare(t, objects, np.full(81, 2), (3, 3), ids, 9)[0]
+
+  own = data_lib.own_targets(targets, jax.tree_util.tree_map(lambda *x: np.stack(x), *probes))
+  entries = [fitting.GridEntry(model, n / 9, 0, 1e-2, split=(p, n), own_index=i)
+             for i, (p, n) in enumerate(splits)]
+  together, infos = fitting.fit_grid(entries, data_of(targets[0]), None, config,
+                                     fitting.auto_mesh(2, jax.devices()[:1]), None,
+                                     own=own, pad_ratio=np.inf)
+  assert [i["num_models"] for i in infos] == [3]
+  for i, entry in enumerate(entries):
+    (alone,), _ = fitting.fit_grid([dataclasses.replace(entry, own_index=None)],
+                                   data_of(targets[i]), probes[i], config)
+    assert alone["num_train_objects"] == splits[i][1]
+    for key in ("final_train_loss", "best_test_r2", *[k for k in alone if k.startswith(
+        "final_")]):
+      np.testing.assert_allclose(together[i][key], alone[key], rtol=2e-4, atol=2e-5,
+                                 err_msg=f"set {i} {key}")
 
 
 def test_rank_correlation_and_its_interval():
@@ -162,6 +206,6 @@ def test_cli_errors_and_output_policy(sweep_dir, tmp_path, monkeypatch, capsys):
   files.write_jsonl(stale / results.RESULTS_FILE, rows + [
       dict(r, step=6) for r in rows if r["kind"] == "eval" and r["step"] == 4])
   status, err = run(["binding", f"--workdir={stale}", f"--config={BINDING}:smoke",
-                     f"--out={out}", "--step=final"])
+                     f"--out={out}", "--step=final", "--noprogress"])
   assert status == 1 and len(err) == 1 and "from step 4" in err[0] and "step 6" in err[0], err
   assert not out.exists()

@@ -15,8 +15,10 @@ binding_fits.png/.pdf. A non-empty DIR is refused unless --overwrite.
 
 Config fields (--config.FIELD=VALUE): models (comma list, as in `bindjax complexity`),
 embed_dim, learning_rate, fit_seed, fit.* (every FitConfig field: steps, eval_every, schedule,
-eval_cadence, restarts, ...), chunk_size, memory_bytes, encode_batch, cpu_devices, bootstrap,
-save_embeddings (also write each fitted replica's embedding set to DIR/embeddings/).
+eval_cadence, restarts, ...), chunk_size, pad_ratio (fits whose training counts are within
+this factor share a compiled batch; inf: one batch per family and bucket), memory_bytes,
+encode_batch, cpu_devices, bootstrap, save_embeddings (also write each fitted replica's
+embedding set to DIR/embeddings/).
 """
 import os
 
@@ -28,7 +30,10 @@ from bindjax.commands import flags as flags_lib
 
 def main(argv):
   """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
-  fv = flags_lib.new_flag_values(config_help="binding config (experiments/binding.py:ARG)")
+  fv = flags_lib.new_flag_values(with_workdir=False,
+                                 config_help="binding config (experiments/binding.py:ARG)")
+  flags.DEFINE_string("workdir", None, "the `bindjax sweep` (or `bindjax train`) workdir to "
+                      "read", flag_values=fv)
   flags.DEFINE_enum("step", "final", ["final", "best"], "parameters and evaluation of each "
                     "replica: the last, or at its best held-out object accuracy (selected on "
                     "held-out objects)",

@@ -50,10 +50,6 @@ def plot(rows, correlations, path_stem, step, accuracy_column, quality_column,
   axes[0].set_ylabel(f"held-out object accuracy, 2-object scenes ({step} step)", fontsize=8)
   if sizes:
     axes[0].legend(fontsize=7, loc="upper left")
-  paths = []
-  for fmt in formats:
-    path = f"{path_stem}.{fmt}"
-    files.save_figure(fig, path, format=fmt, dpi=150)
-    paths.append(path)
+  paths = files.save_figures(fig, path_stem, formats, dpi=150)
   plt.close(fig)
   return paths

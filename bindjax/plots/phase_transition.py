@@ -22,11 +22,7 @@ PANELS = (
 
 
 def _save(fig, path_stem, formats):
-  paths = []
-  for fmt in formats:
-    path = f"{path_stem}.{fmt}"
-    files.save_figure(fig, path, format=fmt, dpi=150)
-    paths.append(path)
+  paths = files.save_figures(fig, path_stem, formats, dpi=150)
   plt.close(fig)
   return paths
 

@@ -11,13 +11,16 @@ does not depend on where the embeddings came from, so this times exactly what th
 runs after encoding. Two ways, side by side, for every R:
 
   batched     `replicas.fit_replicas` on all R replicas: per family one compiled batch per
-              group of similar training counts (`--pad_ratio`), as `bindjax binding` runs it
+              group of training counts within a factor pad_ratio (each of `--pad_ratios`; inf:
+              one batch per family), as `bindjax binding` runs it
   one by one  the same call with one replica at a time, as `bindjax complexity` on each
               replica's extracted set runs it (timed once for the largest R; the first R of
               those fits give every smaller R)
 
+JAX's caches are cleared before every timed call, so each way pays its own compiles, as
+separate runs would. Devices as `bindjax binding` makes them (`cpu_devices` of the config).
 Reports wall seconds, process CPU seconds (all threads; meaningful on a shared machine) and
-replicas per second of each, with compile and run time. Writes
+replicas per second of each, with compile and run time, and the run time per family. Writes
 experiments/benchmarks/results/binding_fits.{json,md}.
 """
 import argparse
@@ -73,72 +76,81 @@ def main(argv=None):
                       ":cpu")
   parser.add_argument("--steps", type=int, default=0, help="fit steps (0: the config's)")
   parser.add_argument("--replicas", default="1,8,20")
-  parser.add_argument("--pad_ratio", type=float, default=0.0, help="0: the config's")
+  parser.add_argument("--pad_ratios", default="1.25,inf", help="batched ways to time")
   parser.add_argument("--out", default=os.path.join(RESULTS, "binding_fits"))
   args = parser.parse_args(argv)
   sys.path.insert(0, REPO)
+  from bindjax import parallel  # pylint: disable=g-import-not-at-top
+  from bindjax.commands import flags  # pylint: disable=g-import-not-at-top
+  config = flags.load_config(args.config)
+  parallel.use_cpu_cores_as_devices(int(config.cpu_devices))   # as the command, before JAX
   import jax  # pylint: disable=g-import-not-at-top
   from bindjax import files  # pylint: disable=g-import-not-at-top
-  from bindjax.commands import flags  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import families  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import replicas  # pylint: disable=g-import-not-at-top
 
-  config = flags.load_config(args.config)
   if args.steps:
     config.fit.steps = args.steps
     config.fit.eval_every = min(int(config.fit.eval_every), args.steps)
-  if args.pad_ratio:
-    config.pad_ratio = args.pad_ratio
   fit_config, chunk, _ = replicas.check_config(config)
   counts = sorted(int(r) for r in args.replicas.split(","))
   sets = synthetic_sets(counts[-1])
   models = families.parse_models(config.models, VALUES, 2, DIM, int(config.embed_dim))
 
-  def fit(subset):
+  def fit(subset, pad_ratio):
+    jax.clear_caches()
     _, infos = replicas.fit_replicas(subset, models, fit_config, float(config.learning_rate),
                                      int(config.fit_seed), None, chunk,
-                                     int(config.memory_bytes) or None, None,
-                                     float(config.pad_ratio))
+                                     int(config.memory_bytes) or None, None, pad_ratio)
+    by_family = {m.name: sum(i["run_s"] for i in infos if i["model"] == m.name) for m in models}
     return {"compile_s": sum(i["compile_s"] for i in infos),
-            "run_s": sum(i["run_s"] for i in infos), "batches": len(infos)}
+            "run_s": sum(i["run_s"] for i in infos), "batches": len(infos),
+            "run_s_by_family": by_family}
 
   load = os.getloadavg()
   singles = []
   for s in sets:
-    info, wall, cpu = timed(lambda s=s: fit([s]))
+    info, wall, cpu = timed(lambda s=s: fit([s], 1.0))
     singles.append(dict(info, wall_s=wall, cpu_s=cpu))
     print(f"one replica (coverage {s.provenance['coverage']}): {wall:.1f} s wall, "
           f"{cpu:.1f} s CPU", flush=True)
+  ratios = [float(p) for p in args.pad_ratios.split(",")]
   rows = []
   for r in counts:
-    info, wall, cpu = timed(lambda r=r: fit(sets[:r]))
     alone = {k: sum(x[k] for x in singles[:r]) for k in ("wall_s", "cpu_s", "compile_s",
                                                          "run_s", "batches")}
-    rows.append({"replicas": r, "batched": dict(info, wall_s=wall, cpu_s=cpu),
-                 "one_by_one": alone})
-    print(f"R={r}: batched {wall:.1f} s wall ({r / wall:.3f} replicas/s), one by one "
-          f"{alone['wall_s']:.1f} s ({r / alone['wall_s']:.3f} replicas/s)", flush=True)
+    alone["run_s_by_family"] = {m.name: sum(x["run_s_by_family"][m.name] for x in singles[:r])
+                                for m in models}
+    ways = {"one by one": alone}
+    for ratio in ratios:
+      info, wall, cpu = timed(lambda r=r, ratio=ratio: fit(sets[:r], ratio))
+      ways[f"batched, pad_ratio {ratio:g}"] = dict(info, wall_s=wall, cpu_s=cpu)
+    rows.append({"replicas": r, "ways": ways})
+    print(", ".join(f"R={r} {way}: {t['wall_s']:.1f} s wall, {t['cpu_s']:.1f} s CPU"
+                    for way, t in ways.items()), flush=True)
   lines = [f"# Binding fits: {', '.join(m.name for m in models)} × {fit_config.steps} steps, "
            f"{sets[0].num_scenes:,} scenes, D={DIM}", "",
            "| R | way | wall s | replicas/s (wall) | CPU s | replicas/s (CPU) | compile s | "
            "run s | batches |", "|---|---|---|---|---|---|---|---|---|"]
   for row in rows:
-    for way in ("batched", "one_by_one"):
-      t = row[way]
-      lines.append(f"| {row['replicas']} | {way.replace('_', ' ')} | {t['wall_s']:.1f} | "
+    for way, t in row["ways"].items():
+      lines.append(f"| {row['replicas']} | {way} | {t['wall_s']:.1f} | "
                    f"{row['replicas'] / t['wall_s']:.3f} | {t['cpu_s']:.1f} | "
                    f"{row['replicas'] / t['cpu_s']:.3f} | {t['compile_s']:.1f} | "
                    f"{t['run_s']:.1f} | {t['batches']} |")
-  largest = rows[-1]["batched"]
-  per_replica = largest["run_s"] / counts[-1]
-  lines += ["", f"Per replica at R={counts[-1]} (batched): {largest['wall_s'] / counts[-1]:.1f} s "
-            f"wall, of which {per_replica:.2f} s training and evaluation (compiles are per "
-            "batch, not per replica).",
-            f"Machine: {os.cpu_count()} CPUs, {jax.device_count()} JAX devices "
+  largest = rows[-1]
+  lines += ["", f"Run seconds (training and evaluation) per replica at R={largest['replicas']}, "
+            "by family:", "", "| way | " + " | ".join(m.name for m in models) + " |",
+            "|---|" + "---|" * len(models)]
+  for way, t in largest["ways"].items():
+    lines.append(f"| {way} | " + " | ".join(
+        f"{t['run_s_by_family'][m.name] / largest['replicas']:.2f}" for m in models) + " |")
+  command = " ".join(["python experiments/benchmarks/binding_fits.py"] + list(
+      argv if argv is not None else sys.argv[1:]))
+  lines += ["", f"Machine: {os.cpu_count()} CPUs, {jax.device_count()} JAX devices "
             f"({jax.devices()[0].platform}); load average before {load}, after "
             f"{os.getloadavg()} (shared machines: compare the ways, not the seconds).",
-            f"Command: `python experiments/benchmarks/binding_fits.py "
-            f"{' '.join(argv if argv is not None else sys.argv[1:])}`".replace(" `", "`")]
+            f"Command: `{command}`"]
   table = "\n".join(lines) + "\n"
   print(table)
   files.write_atomic(args.out + ".md", table)
