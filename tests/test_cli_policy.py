@@ -230,3 +230,24 @@ def test_damaged_inputs_are_one_line_input_errors_naming_the_file(tmp_path, caps
   assert code == flags.INPUT_ERROR and len(err) == 1, err
   assert err[0].startswith(f"bindjax {name}: ") and str(damaged) in err[0], err
   assert not out.exists()
+
+
+def test_report_of_several_sweeps_follows_the_policy(tmp_path, capsys, monkeypatch):
+  """Several sweeps in one report: without --out a usage error; one without rows is bad input
+  named in the line; an unknown --step a usage error. Nothing is written in any case."""
+  first = tmp_path / "first"
+  first.mkdir()
+  (first / "results.jsonl").write_text("")
+  missing, out = tmp_path / "missing", tmp_path / "out"
+  code, err = run(["report", f"--workdir={first},{missing}"], capsys, monkeypatch)
+  assert code == flags.USAGE_ERROR and len(err) == 1 and "--out is required" in err[0], err
+  code, err = run(["report", f"--workdir={first},{missing}", f"--out={out}"], capsys,
+                  monkeypatch)
+  assert code == flags.INPUT_ERROR and len(err) == 1 and str(first) in err[0], err
+  for name in ("report", "binding"):
+    argv = [name, f"--workdir={first}", f"--out={out}", "--step=last"]
+    if name == "binding":
+      argv.append(f"--config={BINDING}:smoke")
+    code, err = run(argv, capsys, monkeypatch)
+    assert code == flags.USAGE_ERROR and len(err) == 1 and "--step" in err[0], (name, err)
+  assert listing(tmp_path) == ["first/results.jsonl"]
