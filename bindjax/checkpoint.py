@@ -30,6 +30,7 @@ Best-by-metric parameters are not separate checkpoints: the sweep keeps them ins
 import hashlib
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,10 @@ def _one_line(error, limit=300):
   return f"{type(error).__name__}: {text[:limit]}" + ("…" if len(text) > limit else "")
 
 
+# Part of the name orbax gives a checkpoint folder while it is being written.
+TMP_MARK = ".orbax-checkpoint-tmp"
+
+
 class Checkpoints:
   """The newest `keep` orbax checkpoints of a pytree under one directory."""
 
@@ -115,10 +120,17 @@ class Checkpoints:
     if keep < 1:
       raise ValueError(f"Checkpoints: keep={keep!r}, expected an int >= 1")
     self.directory = os.path.abspath(os.fspath(directory))
+    # A write killed half-way leaves a temporary folder. It is removed here, before any save:
+    # orbax's own clean-up runs beside the first save and can remove the temporary folder of
+    # that very save when it is for the same step.
+    if parallel.is_writer() and os.path.isdir(self.directory):
+      for name in os.listdir(self.directory):
+        if TMP_MARK in name:
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
     self._manager = ocp.CheckpointManager(
         self.directory, item_names=_ITEMS,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, cleanup_tmp_directories=True,
+            max_to_keep=keep, cleanup_tmp_directories=False,
             enable_async_checkpointing=async_save))
     self._corrupt = {}   # step -> why it did not verify (each is reported once)
 
