@@ -219,7 +219,8 @@ def critical_coverages(series, level=LEVEL):
 def fit_scaling_laws(space_sizes, rho_stars):
   """Fits ρ* = a·|O|^b (log-log) and ρ* = a + b·log10|O|; None with fewer than 3 sizes.
 
-  Returns {"power_law": {"a", "b", "r2"}, "log_linear": {"a", "b", "r2"}, "best": name}.
+  Returns {"power_law": {"a", "b", "r2", "curve"}, "log_linear": {…}, "best": name}; "curve"
+  ({"space_size", "rho_star"}) is the law over a log grid that spans the sizes.
   """
   n = np.asarray(space_sizes, dtype=float)
   rho = np.asarray(rho_stars, dtype=float)
@@ -228,10 +229,13 @@ def fit_scaling_laws(space_sizes, rho_stars):
   if np.unique(n).size < 3:
     return None
   formulas = {"power_law": "rho* = a * |O|^b", "log_linear": "rho* = a + b * log10|O|"}
+  grid = _law_grid(n)
   laws = {}
   for name, (a, b) in _law_parameters(n, rho).items():
     laws[name] = {"formula": formulas[name], "a": a, "b": b,
-                  "r2": _r2(rho, _law_value(name, a, b, n))}
+                  "r2": _r2(rho, _law_value(name, a, b, n)),
+                  "curve": {"space_size": grid.tolist(),
+                            "rho_star": _law_value(name, a, b, grid).tolist()}}
   laws["best"] = max(("power_law", "log_linear"), key=lambda k: laws[k]["r2"])
   laws["num_points"] = int(n.size)
   return laws
@@ -243,6 +247,11 @@ def _law_parameters(n, rho):
   b_linear, a_linear = np.polyfit(np.log10(n), rho, 1)
   return {"power_law": (float(np.exp(log_a)), float(b_power)),
           "log_linear": (float(a_linear), float(b_linear))}
+
+
+def _law_grid(n):
+  """The sizes a law is drawn over: a log grid a little wider than the measured sizes."""
+  return np.logspace(np.log10(n.min()) - 0.3, np.log10(n.max()) + 0.3, 50)
 
 
 def _law_value(name, a, b, n):
@@ -266,7 +275,7 @@ def scaling_law_intervals(rows, laws, num_draws=1000, seed=0, level=LEVEL):
   rng = np.random.default_rng(seed)
   draws = rho + se * rng.standard_t(dof, size=(num_draws, n.size))
   draws = draws[(draws > 0).all(axis=1)]
-  grid = np.logspace(np.log10(n.min()) - 0.3, np.log10(n.max()) + 0.3, 50)
+  grid = _law_grid(n)
   q = [50 * (1 - level), 100 - 50 * (1 - level)]
   fitted = [_law_parameters(n, d) for d in draws]
   for name in ("power_law", "log_linear"):

@@ -94,12 +94,8 @@ def plot_scaling_law(critical, laws, path_stem, title=None, formats=("png", "pdf
       band = law["band"]
       ax.fill_between(band["space_size"], band["low"], band["high"], color="tab:orange",
                       alpha=0.2, linewidth=0)
-    grid = np.array(law.get("band", {}).get("space_size") or
-                    np.logspace(np.log10(min(r["space_size"] for r in critical)),
-                                np.log10(max(r["space_size"] for r in critical)), 50))
-    curve = (law["a"] * grid ** law["b"] if laws["best"] == "power_law"
-             else law["a"] + law["b"] * np.log10(grid))
-    ax.plot(grid, curve, color="tab:orange", label=f"{law['formula']}, b = {law['b']:.3g}")
+    ax.plot(law["curve"]["space_size"], law["curve"]["rho_star"], color="tab:orange",
+            label=f"{law['formula']}, b = {law['b']:.3g}")
   ax.set_xscale("log")
   ax.set_xlabel("object-space size |O|")
   ax.set_ylabel("critical coverage ρ*")
