@@ -4,6 +4,7 @@
   bindjax report --workdir=/tmp/bindjax_sweep_smoke --overwrite   # redraw the sweep's report
   bindjax sweep --config=experiments/coverage_sweep.py:cpu --workdir=runs/cpu       # headline
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_144 --workdir=runs/cpu_144
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_c3 --workdir=runs/cpu_c3
 
 Presets (the ARG after the colon); what each showed is in docs/findings/scaling_law.md and
 docs/findings/phase_transition.md, not here:
@@ -15,6 +16,9 @@ docs/findings/phase_transition.md, not here:
   cpu_144    the same model and grid at |O| = 144 (C = 2, V = 12), 12,000 steps (240k
              replica-steps): the learning time at coverage 1 grows about as |O|^1.3
              (docs/findings/phase_transition.md, lever 1), so the step count grows with it.
+  cpu_c3     the same model and grid in a three-concept space, |O| = 125 (C = 3, V = 5), 10,000
+             steps: |O| between the two C = 2 sizes, so its ρ* tests whether critical coverage
+             depends on |O| alone or on the number of concepts as well.
   gpu_quick  the published towers (d_model 256, 6 layers, bfloat16 matmuls) on one GPU in about
              5 minutes: |O| = 400, coverage 0.2–0.8, 1 seed, training queries restricted to
              training objects, lr 1e-4. experiments/benchmarks/device_sweep.sh re-sizes its steps
@@ -42,10 +46,14 @@ from bindjax import train
 COVERAGES_0_1_TO_0_9 = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # gpu_quick's step count: about 5 minutes of training for its 7 replicas on one H200.
 GPU_QUICK_STEPS = 15000
+# The CPU scaling-law presets: one object space each, the same model, grid and seeds.
+CPU_SPACES = {"cpu": (2, 10), "cpu_144": (2, 12), "cpu_c3": (3, 5)}
+# Training steps grow with the number of training objects (about as n^1.3 to fit them).
+CPU_STEPS = {"cpu": 10000, "cpu_144": 12000, "cpu_c3": 10000}
 
 
 def get_config(arg="smoke"):
-  """Sweep config for preset `arg` (smoke | cpu | cpu_144 | gpu_quick | paper | paper_20m)."""
+  """Sweep config for preset `arg` (smoke | cpu | cpu_144 | cpu_c3 | gpu_quick | paper | paper_20m)."""
   c = train.default_config()
   c.sweep.cpu_devices = -1   # replicas side by side, one per core
   c.grid = ml_collections.ConfigDict(dict(
@@ -63,15 +71,15 @@ def get_config(arg="smoke"):
     c.eval.update(every=20, batches=2, batch_size=32)
     c.log_every = 10
     c.checkpoint.update(every=20, keep=2)
-  elif arg in ("cpu", "cpu_144"):
-    c.grid.spaces = ((2, 10),) if arg == "cpu" else ((2, 12),)
+  elif arg in CPU_SPACES:
+    c.grid.spaces = (CPU_SPACES[arg],)
     c.grid.coverages = (0.3, 0.5, 0.7, 0.8, 0.9)
     c.grid.seeds = (0, 1, 2, 3)
     c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
                    product_readout="both")
     c.sampler.update(batch_size=128, train_queries="train")
     c.optimizer.learning_rate = 1e-3
-    c.num_steps = 10000 if arg == "cpu" else 12000
+    c.num_steps = CPU_STEPS[arg]
     c.eval.update(every=500, batches=4, batch_size=256)
     c.log_every = 100
     c.checkpoint.update(every=1000, keep=2)
@@ -95,5 +103,5 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=2000, keep=2)
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
-                     "cpu_144, gpu_quick, paper or paper_20m")
+                     "cpu_144, cpu_c3, gpu_quick, paper or paper_20m")
   return c

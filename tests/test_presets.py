@@ -10,7 +10,7 @@ from bindjax.commands import flags
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("preset", ["smoke", "cpu", "cpu_144", "gpu_quick", "paper", "paper_20m"])
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "cpu_144", "cpu_c3", "gpu_quick", "paper", "paper_20m"])
 def test_coverage_sweep_presets_expand(preset):
   config = flags.load_config(os.path.join(REPO, "experiments", "coverage_sweep.py") + f":{preset}")
   replicas, buckets = sweep.expand_grid(config)
@@ -34,7 +34,7 @@ def test_train_presets_validate(preset):
 def test_unknown_preset_is_refused(capsys):
   with pytest.raises((flags.UsageError, SystemExit)):
     flags.load_config(os.path.join(REPO, "experiments", "coverage_sweep.py") + ":laptop")
-  assert "'laptop'; expected smoke, cpu, cpu_144, gpu_quick" in capsys.readouterr().err
+  assert "'laptop'; expected smoke, cpu, cpu_144, cpu_c3, gpu_quick" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("preset", ["smoke", "cpu", "paper", "paper,trees", "paper,stable"])
