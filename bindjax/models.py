@@ -515,10 +515,15 @@ def paired_logits(config, tau, z_BxD, q_BxNxD, cap):
 
 @functools.partial(jax.jit, static_argnums=1)
 def init_params(key, config: ModelConfig):
-  """Fresh DualEncoder parameters {"scene_tower", "query_tower", "tau"} (no "params" wrapper)."""
+  """Fresh DualEncoder parameters {"scene_tower", "query_tower", "tau"} (no "params" wrapper).
+
+  Drawn in the per-layer layout and stacked, so a seed gives the same initial weights in either
+  layout (nn.scan would draw each layer from its own split of the key)."""
   scene_1xL = jnp.zeros((1, config.scene_length), jnp.int32)
   query_1xL = jnp.zeros((1, config.query_length), jnp.int32)
-  return DualEncoder(config).init(key, scene_1xL, query_1xL)["params"]
+  per_layer = dataclasses.replace(config, scan_layers=False)
+  params = DualEncoder(per_layer).init(key, scene_1xL, query_1xL)["params"]
+  return stack_blocks(params) if config.scan_layers else params
 
 
 def _is_per_layer_tower(tree):

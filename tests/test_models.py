@@ -300,6 +300,10 @@ def test_block_layouts_convert_both_ways():
   shapes = jax.eval_shape(lambda k: models.init_params(
       k, dataclasses.replace(config, scan_layers=False)), jax.random.key(0))
   assert jax.tree.map(lambda x: x.shape, per_layer) == jax.tree.map(lambda x: x.shape, shapes)
+  # A seed draws the same initial weights in either layout.
+  jax.tree.map(np.testing.assert_array_equal, models.init_params(jax.random.key(5), config),
+               models.stack_blocks(models.init_params(
+                   jax.random.key(5), dataclasses.replace(config, scan_layers=False))))
   one = _params(dataclasses.replace(TINY, num_layers=1))["scene_tower"]
   assert "blocks" not in one and "block_0" in models.unstack_blocks(one)
   with pytest.raises(ValueError, match="scan_layers=1"):
