@@ -124,10 +124,8 @@ def load_bucket(workdir, bucket, which="best", run=None):
     padded = int(ckpt.metadata().get("padded_replicas", len(bucket.replicas)))
     hyper, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), padded)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-        jax.eval_shape(lambda h: sweep.init_bucket_state(h, bucket.spec, keep_best), hyper))
-    _, state, _ = ckpt.restore(abstract)
+    abstract = jax.eval_shape(lambda h: sweep.init_bucket_state(h, bucket.spec, keep_best), hyper)
+    _, state, _ = sweep.restore_state(ckpt.restore, abstract, device)
   except checkpoint.CorruptCheckpointError as e:
     raise ValueError(f"workdir {workdir}: {e}") from None
   except Exception as e:  # orbax raises many types for mismatched trees

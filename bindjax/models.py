@@ -9,10 +9,14 @@ Two tower variants share one module:
       row), QuickGELU, 4·d_model MLP, final LayerNorm, bias-free projection, CLIP's init; read
       out at EOS (the original read position #PAD − 1 here, a quirk bindjax does not copy).
 
-Parameters per tower: {"embed": {"embedding"}, ["pos_embedding"], "block_{i}": {"attn_norm",
-"attn": {"qkv", "out"}, "mlp_norm", "mlp": {"fc1", "fc2"}}, ["final_norm"], "proj"}. The fused
-q/k/v projection is one kernel [d, 3d] (columns q | k | v, heads contiguous inside each), i.e. the
-transpose of PyTorch's `in_proj_weight`.
+Parameters per tower: {"embed": {"embedding"}, ["pos_embedding"], blocks, ["final_norm"],
+"proj"}, each block {"attn_norm", "attn": {"qkv", "out"}, "mlp_norm", "mlp": {"fc1", "fc2"}}.
+The blocks are "blocks" (the first num_layers - 1, one scanned layer: every leaf stacked on a
+leading layer axis; absent with one layer) and "last_block", so compiling costs about the same
+at any depth. `ModelConfig.scan_layers=False` builds the per-layer layout "block_0" …
+"block_{N-1}" instead, which checkpoints and the PyTorch import use; `stack_blocks` and
+`unstack_blocks` convert. The fused q/k/v projection is one kernel [d, 3d] (columns q | k | v,
+heads contiguous inside each), i.e. the transpose of PyTorch's `in_proj_weight`.
 
 Speed: the last block only needs the EOS row, so it computes keys/values for every position but
 queries, attention output and MLP for that row alone (same numbers, ~12% fewer FLOPs at L=9).
@@ -35,6 +39,7 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 PRODUCT_READOUTS = ("none", "query", "both")
 LAYER_NORM_EPS = 1e-5
 NORM_EPS = 1e-6  # ẑ = z / (NORM_EPS + ‖z‖)
+SCANNED_BLOCKS, LAST_BLOCK = "blocks", "last_block"  # a tower's blocks when scanned
 
 
 def _check_int(name, value, minimum):
@@ -63,7 +68,8 @@ class ModelConfig:
 
   `d_ff` is the pre-LN feed-forward width; the "clip" variant uses 4·d_model (see `mlp_width`).
   `compute_dtype="bfloat16"` runs matmuls in bfloat16 (params, norms, softmax and outputs stay
-  float32); meant for accelerators.
+  float32); meant for accelerators. `scan_layers` picks the parameter layout (module docstring);
+  both compute the same function.
   """
   vocab_size: int
   pad_token: int
@@ -81,6 +87,7 @@ class ModelConfig:
   eval_logit_cap: float = 100.0
   compute_dtype: str = "float32"
   product_readout: str = "none"
+  scan_layers: bool = True
 
   def __post_init__(self):
     self.validate()
@@ -126,6 +133,8 @@ class ModelConfig:
     _check_float("tau_init", self.tau_init, positive=False)
     _check_float("train_logit_cap", self.train_logit_cap, positive=True)
     _check_float("eval_logit_cap", self.eval_logit_cap, positive=True)
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"ModelConfig.scan_layers={self.scan_layers!r}: expected True or False")
 
   @property
   def head_dim(self) -> int:
@@ -384,11 +393,11 @@ class Tower(nn.Module):
 
     key_valid_BxL = tokens_BxL != cfg.pad_token
     eos_B = eos_positions(tokens_BxL, cfg.pad_token)
-    for i in range(cfg.num_layers - 1):
-      x_BxLxD = Block(cfg, name=f"block_{i}")(x_BxLxD, key_valid_BxL)
+    x_BxLxD = self._first_blocks(x_BxLxD, key_valid_BxL)
     product_BxD = (ObjectProduct(cfg, name="product")(x_BxLxD, tokens_BxL)
                    if self.product_readout else None)
-    x_BxD = Block(cfg, name=f"block_{cfg.num_layers - 1}")(x_BxLxD, key_valid_BxL, eos_B)
+    last_name = LAST_BLOCK if cfg.scan_layers else f"block_{cfg.num_layers - 1}"
+    x_BxD = Block(cfg, name=last_name)(x_BxLxD, key_valid_BxL, eos_B)
     if clip:
       x_BxD = _layer_norm("final_norm")(x_BxD)
       proj = Linear(d, self.out_features, nn.initializers.normal(d ** -0.5), None, cfg.dtype,
@@ -399,6 +408,25 @@ class Tower(nn.Module):
     if product_BxD is not None:
       x_BxD = x_BxD + product_BxD
     return proj(x_BxD).astype(jnp.float32)
+
+  def _first_blocks(self, x_BxLxD, key_valid_BxL):
+    """The num_layers - 1 full blocks before the read-out block (one scanned layer or a loop)."""
+    cfg = self.config
+    num_full = cfg.num_layers - 1
+    if not cfg.scan_layers:
+      for i in range(num_full):
+        x_BxLxD = Block(cfg, name=f"block_{i}")(x_BxLxD, key_valid_BxL)
+      return x_BxLxD
+    if not num_full:
+      return x_BxLxD
+    scanned = nn.scan(_scan_step, variable_axes={"params": 0}, split_rngs={"params": True},
+                      in_axes=nn.broadcast, length=num_full)
+    x_BxLxD, _ = scanned(Block(cfg, name=SCANNED_BLOCKS), x_BxLxD, key_valid_BxL)
+    return x_BxLxD
+
+
+def _scan_step(block, x_BxLxD, key_valid_BxL):
+  return block(x_BxLxD, key_valid_BxL), None
 
 
 class ObjectProduct(nn.Module):
@@ -487,10 +515,60 @@ def paired_logits(config, tau, z_BxD, q_BxNxD, cap):
 
 @functools.partial(jax.jit, static_argnums=1)
 def init_params(key, config: ModelConfig):
-  """Fresh DualEncoder parameters {"scene_tower", "query_tower", "tau"} (no "params" wrapper)."""
+  """Fresh DualEncoder parameters {"scene_tower", "query_tower", "tau"} (no "params" wrapper).
+
+  Drawn in the per-layer layout and stacked, so a seed gives the same initial weights in either
+  layout (nn.scan would draw each layer from its own split of the key)."""
   scene_1xL = jnp.zeros((1, config.scene_length), jnp.int32)
   query_1xL = jnp.zeros((1, config.query_length), jnp.int32)
-  return DualEncoder(config).init(key, scene_1xL, query_1xL)["params"]
+  per_layer = dataclasses.replace(config, scan_layers=False)
+  params = DualEncoder(per_layer).init(key, scene_1xL, query_1xL)["params"]
+  return stack_blocks(params) if config.scan_layers else params
+
+
+def _is_per_layer_tower(tree):
+  return isinstance(tree, dict) and "block_0" in tree
+
+
+def _is_scanned_tower(tree):
+  return isinstance(tree, dict) and LAST_BLOCK in tree
+
+
+def _stack_tower(tower):
+  num_layers = sum(1 for name in tower if name.startswith("block_"))
+  blocks = [tower[f"block_{i}"] for i in range(num_layers)]
+  out = {k: v for k, v in tower.items() if not k.startswith("block_")}
+  out[LAST_BLOCK] = blocks[-1]
+  if num_layers > 1:
+    out[SCANNED_BLOCKS] = jax.tree.map(lambda *layers: jnp.stack(layers), *blocks[:-1])
+  return out
+
+
+def _unstack_tower(tower):
+  out = {k: v for k, v in tower.items() if k not in (SCANNED_BLOCKS, LAST_BLOCK)}
+  stacked = tower.get(SCANNED_BLOCKS, {})
+  num_full = jax.tree.leaves(stacked)[0].shape[0] if stacked else 0
+  for i in range(num_full):
+    out[f"block_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  out[f"block_{num_full}"] = tower[LAST_BLOCK]
+  return out
+
+
+def stack_blocks(tree):
+  """`tree` with every tower's parameters in the per-layer layout turned into the scanned one.
+
+  `tree` is anything holding tower parameter dicts: a Tower's or DualEncoder's parameters, an
+  optimizer state, a train state (`jax.vmap` it over leading replica axes). Towers already in
+  the scanned layout are left as they are.
+  """
+  return jax.tree.map(lambda t: _stack_tower(t) if _is_per_layer_tower(t) else t, tree,
+                      is_leaf=_is_per_layer_tower)
+
+
+def unstack_blocks(tree):
+  """The inverse of `stack_blocks`: every tower of `tree` in the per-layer layout."""
+  return jax.tree.map(lambda t: _unstack_tower(t) if _is_scanned_tower(t) else t, tree,
+                      is_leaf=_is_scanned_tower)
 
 
 def count_parameters(params) -> int:

@@ -31,11 +31,13 @@ so), rows past it are recomputed bit for bit, and results equal an uninterrupted
 is rewritten before the restore it depends on has succeeded. A replica whose loss or
 parameters become non-finite is frozen at its last finite state, flagged in a "diverged" row,
 and left out of later rows; the others continue. A bucket whose replicas have all diverged
-stops there.
+stops there. Checkpoints hold the towers in the per-layer layout of docs/models.md
+(`checkpoint_state`, `restore_state`), whichever layout the model trains in.
 """
 import collections
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import itertools
 import os
@@ -51,6 +53,7 @@ import optax
 from bindjax import checkpoint
 from bindjax import errors
 from bindjax import files
+from bindjax import models
 from bindjax import parallel
 from bindjax import results
 from bindjax import train
@@ -349,6 +352,30 @@ def abstract_bucket_state(spec, mesh, hyper, keep_best):
   return jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
       jax.eval_shape(lambda h: init_bucket_state(h, spec, keep_best), hyper))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _relayout(state, convert, sharding):
+  return jax.lax.with_sharding_constraint(jax.vmap(convert)(state), sharding)
+
+
+def checkpoint_state(state, sharding):
+  """The bucket state as its checkpoints hold it: every tower in the per-layer layout (the
+  layout of the files written before the blocks were scanned)."""
+  return _relayout(state, models.unstack_blocks, sharding)
+
+
+def restore_state(restore, target, sharding, **kwargs):
+  """(step, state, metadata) of `restore` (a `checkpoint.Checkpoints` restore method, called
+  with `kwargs`) into the abstract bucket state `target`, all of whose leaves have `sharding`;
+  None when there is no checkpoint."""
+  per_layer = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                           jax.eval_shape(jax.vmap(models.unstack_blocks), target))
+  restored = restore(per_layer, **kwargs)
+  if restored is None:
+    return None
+  step, state, metadata = restored
+  return step, _relayout(state, models.stack_blocks, sharding), metadata
 
 
 def _platform(mesh):
@@ -829,7 +856,9 @@ class _Loop:
       return 0, None, False
     hyper, _ = self._hyper(bucket)
     target = abstract_bucket_state(bucket.spec, self.mesh, hyper, self.keep_best)
-    start, state, metadata = manager.restore_verified(target, at_most=latest[0], log=self.log)
+    start, state, metadata = restore_state(manager.restore_verified, target,
+                                           parallel.replica_sharding(self.mesh),
+                                           at_most=latest[0], log=self.log)
     self.results.restore(bucket, start, metadata, self.is_logged(bucket))
     manager.prune_after(start)
     return start, state, self.complete(bucket, (start, metadata))
@@ -852,8 +881,9 @@ class _Loop:
       state = init_fn(hyper)
     else:
       if state is None:
-        _, state, _ = manager.restore(abstract_bucket_state(spec, mesh, hyper, self.keep_best),
-                                      step=start)
+        _, state, _ = restore_state(
+            manager.restore, abstract_bucket_state(spec, mesh, hyper, self.keep_best),
+            parallel.replica_sharding(mesh), step=start)
       self.log(f"bucket {bucket.index}: resumed from the checkpoint at step {start}")
     postfix = {"compile": f"{self.compile_seconds:.0f}s"}
     self.bar.set_postfix(postfix, refresh=False)
@@ -894,8 +924,9 @@ class _Loop:
       if is_checkpoint or stop:
         flush()
         self.results.sync()
-        manager.save(done, state, dict(metadata, step=done, complete=stop or done == num_steps,
-                                       rows=self.results.packed(bucket)))
+        manager.save(done, checkpoint_state(state, parallel.replica_sharding(mesh)),
+                     dict(metadata, step=done, complete=stop or done == num_steps,
+                          rows=self.results.packed(bucket)))
       self.bar.update(len(bucket.replicas) * (num_steps - step if stop else 1))
       if stop:
         self.log(f"bucket {bucket.index}: every replica diverged; stopped at step {done}")

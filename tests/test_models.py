@@ -100,7 +100,7 @@ def test_pre_ln_init_statistics():
   d, f = D, TINY.d_ff
   xavier = lambda fan_in, fan_out: math.sqrt(6 / (fan_in + fan_out))
   _check_uniform(tower["embed"]["embedding"], xavier(TINY.vocab_size, d))
-  block = tower["block_0"]
+  block = models.unstack_blocks(tower)["block_0"]
   assert block["attn"]["qkv"]["kernel"].shape == (d, 3 * d)
   # One Xavier matrix over [3d, d], not three [d, d] ones.
   _check_uniform(block["attn"]["qkv"]["kernel"], xavier(d, 3 * d))
@@ -126,7 +126,7 @@ def test_clip_init_statistics():
   assert std(tower["embed"]["embedding"]) == pytest.approx(0.02, rel=0.1)
   assert tower["pos_embedding"].shape == (12, d)
   assert std(tower["pos_embedding"]) == pytest.approx(0.01, rel=0.2)
-  block = tower["block_1"]
+  block = tower["last_block"]
   assert std(block["attn"]["qkv"]["kernel"]) == pytest.approx(d ** -0.5, rel=0.05)
   assert std(block["attn"]["out"]["kernel"]) == pytest.approx(d ** -0.5 * (2 * n) ** -0.5,
                                                               rel=0.05)
@@ -245,9 +245,69 @@ def test_jit_vmap_over_replicas_and_gradients():
   grads_R = jax.jit(jax.vmap(jax.grad(loss)))(params_R)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads_R))
   assert float(jnp.abs(grads_R["tau"]).min()) > 0
-  kernel_R = grads_R["scene_tower"]["block_0"]["attn"]["qkv"]["kernel"]
-  assert kernel_R.shape == (2, D, 3 * D)
+  kernel_R = grads_R["scene_tower"]["blocks"]["attn"]["qkv"]["kernel"]
+  assert kernel_R.shape == (2, TINY.num_layers - 1, D, 3 * D)
   assert not np.allclose(kernel_R[0], kernel_R[1])
+
+
+PRODUCT = models.ModelConfig.for_space(world.ObjectSpace.uniform(2, 4, 2), d_model=16,
+                                       num_heads=2, num_layers=3, d_ff=32, d_out=8,
+                                       product_readout="both")
+
+
+@pytest.mark.parametrize("config", [
+    dataclasses.replace(TINY, num_layers=3), dataclasses.replace(CLIP, num_layers=3), PRODUCT,
+    dataclasses.replace(DOT, num_layers=1)], ids=["pre_ln", "clip", "product", "one_layer"])
+def test_scanned_towers_match_per_layer_towers(config):
+  """The scanned blocks compute what the per-layer loop does: same outputs and gradients for
+  per-layer parameters moved to the scanned layout."""
+  per_layer = dataclasses.replace(config, scan_layers=False)
+  params = models.init_params(jax.random.key(3), per_layer)
+  assert "block_0" in params["scene_tower"] and "blocks" not in params["scene_tower"]
+  stacked = models.stack_blocks(params)
+
+  def loss(config, params):
+    model = models.DualEncoder(config)
+    z, q = model.apply({"params": params}, SCENES, QUERIES)
+    logits = model.apply({"params": params}, z, q, 10.0, method=models.DualEncoder.logits)
+    return jnp.sum(jnp.sin(logits)), (z, q)
+
+  (value, outputs), grads = jax.jit(jax.value_and_grad(loss, argnums=1, has_aux=True),
+                                    static_argnums=0)(per_layer, params)
+  (value_s, outputs_s), grads_s = jax.jit(jax.value_and_grad(loss, argnums=1, has_aux=True),
+                                          static_argnums=0)(config, stacked)
+  np.testing.assert_allclose(value_s, value, rtol=1e-5)
+  for a, b in zip(outputs_s, outputs):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6), grads_s,
+               models.stack_blocks(grads))
+
+
+def test_block_layouts_convert_both_ways():
+  config = dataclasses.replace(TINY, num_layers=3)
+  params = _params(config)
+  tower = params["scene_tower"]
+  assert sorted(tower) == ["blocks", "embed", "last_block", "proj"]
+  assert tower["blocks"]["attn"]["qkv"]["kernel"].shape == (2, D, 3 * D)
+  per_layer = models.unstack_blocks(params)
+  assert sorted(per_layer["query_tower"]) == ["block_0", "block_1", "block_2", "embed", "proj"]
+  np.testing.assert_array_equal(per_layer["scene_tower"]["block_1"]["mlp"]["fc1"]["kernel"],
+                                tower["blocks"]["mlp"]["fc1"]["kernel"][1])
+  jax.tree.map(np.testing.assert_array_equal, models.stack_blocks(per_layer), params)
+  # Each conversion leaves towers already in its target layout alone (so it can be applied to
+  # any tree, an optimizer state included).
+  jax.tree.map(np.testing.assert_array_equal, models.stack_blocks(params), params)
+  shapes = jax.eval_shape(lambda k: models.init_params(
+      k, dataclasses.replace(config, scan_layers=False)), jax.random.key(0))
+  assert jax.tree.map(lambda x: x.shape, per_layer) == jax.tree.map(lambda x: x.shape, shapes)
+  # A seed draws the same initial weights in either layout.
+  jax.tree.map(np.testing.assert_array_equal, models.init_params(jax.random.key(5), config),
+               models.stack_blocks(models.init_params(
+                   jax.random.key(5), dataclasses.replace(config, scan_layers=False))))
+  one = _params(dataclasses.replace(TINY, num_layers=1))["scene_tower"]
+  assert "blocks" not in one and "block_0" in models.unstack_blocks(one)
+  with pytest.raises(ValueError, match="scan_layers=1"):
+    dataclasses.replace(TINY, scan_layers=1)
 
 
 def test_bfloat16_compute_keeps_float32_params_and_outputs():

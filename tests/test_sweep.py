@@ -1,4 +1,5 @@
 """Coverage sweep: vmapped = separate runs, sharded = unsharded, multi-process, resume, NaN."""
+import dataclasses
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from bindjax import checkpoint
 from bindjax import files
 from bindjax import parallel
 from bindjax import results
@@ -320,6 +322,35 @@ def test_data_axis_splits_each_replicas_batch_and_matches():
   jax.tree_util.tree_map(
       lambda a, b: np.testing.assert_allclose(a[:size], b[:size], rtol=1e-4, atol=1e-5),
       history_2, history_1)
+
+
+def test_checkpoints_hold_the_per_layer_layout(tmp_path):
+  """A bucket state of scanned towers is saved with every tower (parameters, Adam moments, best
+  parameters) in the per-layer layout, which a target built for per-layer towers reads as it
+  is, and restores to the scanned state it was."""
+  config = tiny_config()
+  config.model.num_layers = 3
+  _, (bucket,) = sweep.expand_grid(config)
+  mesh = parallel.make_mesh()
+  hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
+  hyper = parallel.shard_replicas(hyper_np, mesh)
+  sharding = parallel.replica_sharding(mesh)
+  state = jax.jit(lambda h: sweep.init_bucket_state(h, bucket.spec, True))(hyper)
+  with checkpoint.Checkpoints(tmp_path / "ckpt") as ckpt:
+    ckpt.save(2, sweep.checkpoint_state(state, sharding))
+  per_layer_spec = dataclasses.replace(
+      bucket.spec, model=dataclasses.replace(bucket.spec.model, scan_layers=False))
+  target = sweep.abstract_bucket_state(bucket.spec, mesh, hyper, True)
+  with checkpoint.Checkpoints(tmp_path / "ckpt") as ckpt:
+    _, per_layer, _ = ckpt.restore(sweep.abstract_bucket_state(per_layer_spec, mesh, hyper, True))
+    step, restored, _ = sweep.restore_state(ckpt.restore, target, sharding)
+  assert step == 2
+  assert sorted(per_layer["best"]["params"]["scene_tower"]) == [
+      "block_0", "block_1", "block_2", "embed", "proj"]
+  jax.tree.map(np.testing.assert_array_equal, parallel.to_host(restored),
+               parallel.to_host(state))
+  assert jax.tree.map(lambda x: x.sharding, restored) == jax.tree.map(lambda x: x.sharding,
+                                                                       target)
 
 
 def test_auto_chunk_keeps_each_cores_replicas_within_its_cache_share(monkeypatch):

@@ -24,6 +24,7 @@ import os
 
 from absl import flags
 
+from bindjax import compilation_cache
 from bindjax import parallel
 from bindjax.commands import flags as flags_lib
 
@@ -51,6 +52,7 @@ def main(argv):
       raise ValueError("config.cpu_devices is missing: expected a config of "
                        "experiments/binding.py")
     parallel.use_cpu_cores_as_devices(int(config.cpu_devices))   # before JAX starts
+  compilation_cache.enable()
   from bindjax.complexity import replicas  # pylint: disable=g-import-not-at-top
   with flags_lib.run_errors(prog):
     summary = replicas.run(config, workdir, out, fv["step"].value,

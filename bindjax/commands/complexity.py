@@ -31,6 +31,7 @@ evaluation, which results.csv has as final_* beside the best over evaluations (b
 """
 from absl import flags
 
+from bindjax import compilation_cache
 from bindjax.commands import flags as flags_lib
 
 
@@ -42,6 +43,7 @@ def main(argv):
   flags_lib.parse(fv, argv, required=("config", "workdir"), description=__doc__)
   prog, workdir = argv[0], fv["workdir"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
+  compilation_cache.enable()
   from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
   with flags_lib.run_errors(prog):
     analysis.run(fv["config"].value, workdir, progress=fv["progress"].value)

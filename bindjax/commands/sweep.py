@@ -12,6 +12,7 @@ import os
 
 from absl import flags
 
+from bindjax import compilation_cache
 from bindjax import parallel
 from bindjax import results
 from bindjax.commands import flags as bj_flags
@@ -40,6 +41,7 @@ def run(argv, *, single, description):
                        "bindjax.train.default_config()")
     # Before anything touches the devices.
     parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
+  compilation_cache.enable()
   parallel.maybe_initialize_distributed(fv["coordinator_address"].value,
                                         fv["num_processes"].value, fv["process_id"].value)
   from bindjax import sweep  # pylint: disable=g-import-not-at-top

@@ -86,7 +86,10 @@ def _check_positions_buffer(key, value, d_model, name):
 
 
 def tower_params_from_state_dict(state_dict, name="state_dict"):
-  """One tower's torch state dict (numpy arrays) -> (bindjax Tower params, shape info dict)."""
+  """One tower's torch state dict (numpy arrays) -> (bindjax Tower params, shape info dict).
+
+  The params come in the scanned layout of `ModelConfig()` (`models.stack_blocks`).
+  """
   state_dict = _strip_module_prefix(state_dict)
   num_layers = _num_layers(state_dict, name)
   expected = set(_TOP_KEYS) | {f"{_LAYER_PREFIX}{i}.{k}" for i in range(num_layers)
@@ -138,12 +141,14 @@ def tower_params_from_state_dict(state_dict, name="state_dict"):
   params["proj"] = {"kernel": proj_OxD.T, "bias": get("out_proj.bias")}
   info = dict(vocab_size=int(vocab_size), d_model=int(d_model), num_layers=num_layers,
               d_ff=int(d_ff), out_features=int(proj_OxD.shape[0]))
-  return params, info
+  return models.stack_blocks(params), info
 
 
 def tower_state_dict_from_params(params):
-  """bindjax Tower params (pre_ln) -> torch state dict of float32 numpy arrays (OrderedDict)."""
+  """bindjax Tower params (pre_ln, either layout) -> torch state dict of float32 numpy arrays
+  (OrderedDict)."""
   np32 = lambda x: np.asarray(x, np.float32)
+  params = models.unstack_blocks(params)
   out = collections.OrderedDict()
   out["token_embedder.weight"] = np32(params["embed"]["embedding"])
   num_layers = sum(1 for k in params if k.startswith("block_"))

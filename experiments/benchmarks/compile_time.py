@@ -1,0 +1,134 @@
+"""Compile time of one training step, scanned vs per-layer tower blocks, against depth.
+
+  python experiments/benchmarks/compile_time.py                    # 2, 6, 12 layers, both layouts
+  python experiments/benchmarks/compile_time.py --layers=2,12 --layouts=scanned
+
+For each layout (`ModelConfig.scan_layers`) and depth: the seconds to trace and lower
+bindjax.train.train_step (jit of the step as `train_step.py` builds it, lowered on abstract
+arguments, so nothing runs) and to compile it with bindjax's compiler options. The towers are
+d_model 256, 4 heads, d_ff 1024, in the published run's space and batch (C = 2, V = 20, K = 2,
+512 scenes). Configs run interleaved (the layouts alternate at each depth), after one warm-up
+compile of a one-layer model, so one-off start-up costs fall on neither layout. No persistent
+compilation cache is in use (the benchmark never turns bindjax's on).
+
+Writes experiments/benchmarks/results/compile_time[_TAG].{json,md}. Shared machines are noisy:
+the JSON records the load average at the start and end of the run.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+
+from bindjax import files
+from bindjax import models
+from bindjax import train
+from bindjax import xla_options
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+LAYOUTS = {"per_layer": False, "scanned": True}
+
+
+def _spec(num_layers, scan_layers):
+  c = train.default_config()   # the published run's space, batch and optimizer
+  c.model.update(d_model=256, num_heads=4, num_layers=num_layers, d_ff=1024)
+  spec = train.RunSpec.from_config(c)
+  model = dataclasses.replace(spec.model, scan_layers=scan_layers)
+  return c, dataclasses.replace(spec, model=model)
+
+
+def measure(num_layers, layout):
+  """Seconds to lower and to compile one train step of a `num_layers` tower in `layout`."""
+  config, spec = _spec(num_layers, LAYOUTS[layout])
+  hyper, _ = train.hyper_from_config(config, spec)
+  state = jax.eval_shape(lambda h: train.init(h.key, spec, h), hyper)
+  step_fn = jax.jit(lambda s, h: train.train_step(s, h, spec), donate_argnums=0)
+  t0 = time.perf_counter()
+  lowered = step_fn.lower(state, hyper)
+  t1 = time.perf_counter()
+  lowered.compile(xla_options.compiler_options(jax.devices()[0].platform))
+  t2 = time.perf_counter()
+  return {"layout": layout, "num_layers": num_layers, "d_model": spec.model.d_model,
+          "d_ff": spec.model.d_ff, "batch_size": spec.sampler.batch_size,
+          "parameters": models.count_parameters(state.params),
+          "lower_s": t1 - t0, "compile_s": t2 - t1, "total_s": t2 - t0}
+
+
+def _row(rows, layout, num_layers):
+  return next((r for r in rows if r["layout"] == layout and r["num_layers"] == num_layers), None)
+
+
+def checks(rows):
+  """The targets: scanned depth-independent (12 layers within 1.2x of 2) and scanned 6 layers
+  at least 2x faster to compile than per-layer 6 layers (total seconds); those measured."""
+  out = []
+  s2, s12 = _row(rows, "scanned", 2), _row(rows, "scanned", 12)
+  if s2 and s12:
+    ratio = s12["total_s"] / s2["total_s"]
+    out.append({"check": "scanned 12 layers / scanned 2 layers <= 1.2", "value": ratio,
+                "passed": ratio <= 1.2})
+  s6, p6 = _row(rows, "scanned", 6), _row(rows, "per_layer", 6)
+  if s6 and p6:
+    ratio = p6["total_s"] / s6["total_s"]
+    out.append({"check": "per-layer 6 layers / scanned 6 layers >= 2", "value": ratio,
+                "passed": ratio >= 2})
+  return out
+
+
+def markdown(result):
+  lines = [f"# Train-step compile time against depth ({result['device']}, "
+           f"{result['num_cpus']} CPUs, jax {result['jax']})", "",
+           f"Load average start/end: {result['load_average_start'][0]:.1f} / "
+           f"{result['load_average_end'][0]:.1f} (shared machine: numbers are noisy). d_model "
+           "256, d_ff 1024, batch 512; lower = trace and lower, compile = XLA.", "",
+           "| layers | layout | params | lower s | compile s | total s |",
+           "|---|---|---|---|---|---|"]
+  for r in result["results"]:
+    lines.append(f"| {r['num_layers']} | {r['layout']} | {r['parameters']:,} | "
+                 f"{r['lower_s']:.1f} | {r['compile_s']:.1f} | {r['total_s']:.1f} |")
+  lines += ["", "| target | measured | met |", "|---|---|---|"]
+  for c in result["checks"]:
+    lines.append(f"| {c['check']} | {c['value']:.2f} | {'yes' if c['passed'] else 'no'} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--layers", default="2,6,12")
+  parser.add_argument("--layouts", default="per_layer,scanned")
+  parser.add_argument("--tag", default="")
+  args = parser.parse_args(argv)
+  layouts = args.layouts.split(",")
+  for layout in layouts:
+    if layout not in LAYOUTS:
+      parser.error(f"--layouts: unknown layout {layout!r}; expected {', '.join(LAYOUTS)}")
+  load_start = os.getloadavg()
+  measure(1, layouts[0])   # warm-up
+  rows = []
+  for num_layers in (int(n) for n in args.layers.split(",")):
+    for layout in layouts:
+      rows.append(measure(num_layers, layout))
+      print(json.dumps(rows[-1]), flush=True)
+  result = {
+      "device": str(jax.devices()[0]), "num_cpus": os.cpu_count(), "jax": jax.__version__,
+      "platform": platform.platform(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "compiler_options": xla_options.compiler_options(jax.devices()[0].platform),
+      "load_average_start": load_start, "load_average_end": os.getloadavg(),
+      "results": rows, "checks": checks(rows),
+      "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+  }
+  suffix = f"_{args.tag}" if args.tag else ""
+  os.makedirs(RESULTS, exist_ok=True)
+  files.write_json(os.path.join(RESULTS, f"compile_time{suffix}.json"), result)
+  text = markdown(result)
+  files.write_atomic(os.path.join(RESULTS, f"compile_time{suffix}.md"), text)
+  print(text)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
