@@ -6,12 +6,12 @@ r"""Binding-function complexity grid (docs/complexity.md): approximators × trai
 
 Presets: `smoke` (seconds: 3 fractions × 3 small models, 200 steps, on tests/data/clevr_text),
 `cpu` (the paper grid at 1,000 steps), `paper` (f = 0.1..0.9 × {MLP 1024, product,
-sum+product}, lr 1e-2, 4,000 steps, constant learning rate and evaluations after steps 1, 101,
-…, 3901 as in the original code; one seed, as the original reports one run). Append
-`,trees` to also fit the random-forest approximator on the same splits, and `,stable` for fits
-that agree across restarts (restarts = STABLE_RESTARTS initialisations inside each fit, the
-lowest training error kept: 19-20 of 20 planted fits recover their structure, docs/complexity.md
-"Stability"; about 210 times the arithmetic, for accelerators or small grids).
+sum+product}, lr 1e-2, 4,000 steps; one seed, as the original reports one run). Append
+`,trees` to also fit the random-forest approximator on the same splits, and `,original` for the
+original code's fits (one unregularised start on raw targets, constant learning rate, its
+evaluation cadence) where the default fits are the ones of docs/complexity.md, "Fitting"
+(standardised targets, weight decay, 3 restarts: 20 of 20 planted fits recover their structure,
+about 2.9 times the arithmetic of one original fit).
 
 `embeddings` is a native embedding set or a folder of the original code; the frozen probes are
 the set's stored ones, a probes.npz (`probes_file`, as `bindjax probe` writes), or fitted on all
@@ -19,8 +19,8 @@ scenes (`probes="fit"`). `models` is a comma list: mlp:W1xW2.., additive, produc
 (learned W), sum_product, sum_product:W, per_object_product, per_object_sum_product,
 per_object_sum_product:W. `seeds` are restarts (object split and initialisation): summary.csv
 reports the median and spread over them. `restarts` tries that many initialisations inside each
-fit and keeps the best by training error (docs/complexity.md, "Restarts"; 1, the default, is the
-original's single run).
+fit and keeps the best by training error (docs/complexity.md, "Restarts"; 1 is the original's
+single run).
 """
 import os
 
@@ -31,17 +31,14 @@ from bindjax.complexity import fitting
 from bindjax.probes import linear
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Initialisations per fit with `,stable`: the measured count at which every family recovers
-# planted structure in at least 19 of 20 fits (docs/findings/complexity_stability.md).
-STABLE_RESTARTS = 256
 
 
 def get_config(arg="smoke"):
-  """Config for preset `arg` (smoke | cpu | paper, optionally `,trees` and `,stable`)."""
+  """Config for preset `arg` (smoke | cpu | paper, optionally `,trees` and `,original`)."""
   parts = [p for p in (arg or "smoke").split(",") if p]
   preset, options = parts[0], set(parts[1:])
-  if preset not in ("smoke", "cpu", "paper") or options - {"trees", "stable"}:
-    raise ValueError(f"complexity config arg={arg!r}: expected smoke|cpu|paper[,trees][,stable]")
+  if preset not in ("smoke", "cpu", "paper") or options - {"trees", "original"}:
+    raise ValueError(f"complexity config arg={arg!r}: expected smoke|cpu|paper[,trees][,original]")
   fit, probe = fitting.FitConfig(), linear.ProbeConfig()
   code = description_length.CodeConfig()
   c = ml_collections.ConfigDict()
@@ -62,15 +59,18 @@ def get_config(arg="smoke"):
   c.learning_rates = (1e-2,)
   c.steps = fit.steps
   c.eval_every = fit.eval_every
-  c.schedule = "constant"       # the original's effective schedule; "cosine" decays to 0
-  # Evaluations after steps 1, 101, …, 3901 as in the original ("end": after 100, …, 4000).
-  c.eval_cadence = "original"
+  c.schedule = fit.schedule     # cosine decay to 0; "constant" is the original's
+  # "end": evaluations after 100, …, 4000; "original": after steps 1, 101, …, 3901.
+  c.eval_cadence = fit.eval_cadence
   # Initialisations per fit (docs/complexity.md, "Restarts"): 1 is the original's single run;
-  # R > 1 trains R candidates restart_steps steps and keeps the one with the lowest training
-  # loss (restart_holdout = 0) or the lowest error on held-out training objects (share h).
-  c.restarts = STABLE_RESTARTS if "stable" in options else fit.restarts
+  # R > 1 trains R candidates restart_steps steps (0: half of steps) and keeps the one with the
+  # lowest training loss (restart_holdout = 0) or the lowest error on held-out training
+  # objects (share h).
+  c.restarts = fit.restarts
   c.restart_steps = fit.restart_steps
   c.restart_holdout = fit.restart_holdout
+  c.standardize = fit.standardize     # fit in units of the training targets
+  c.weight_decay = fit.weight_decay   # "auto": per family (fitting.WEIGHT_DECAY), or a number
   c.chunk_size = "auto"         # auto | none | an integer number of models per chunk
   c.memory_bytes = 0            # 0: the device's memory
   c.trees = "trees" in options  # also fit tree approximators (bindjax.complexity.trees)
@@ -90,9 +90,11 @@ def get_config(arg="smoke"):
     c.steps = 200
     c.eval_every = 50
     c.probe_steps = 500
-    c.schedule = "cosine"
-    c.eval_cadence = "end"
     c.tree_estimators = 20
   elif preset == "cpu":
     c.steps = 1000
+  if "original" in options:
+    c.update(fitting.ORIGINAL)
+    c.schedule = "constant"       # the original builds a cosine schedule but never steps it
+    c.eval_cadence = "original"
   return c

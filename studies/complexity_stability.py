@@ -10,6 +10,7 @@
       --families=sum_product,per_object_sum_product
   python studies/complexity_stability.py --levers=single --families=additive
   python studies/complexity_stability.py --check=per_object_sum_product
+  python studies/complexity_stability.py --check=wide_codes
 
 Planted benchmark (docs/complexity.md, "Stability"): 2-object scenes over 10 × 10 concept values
 (100 objects), 2,000 of the 10,000 ordered object pairs, embeddings planted from a family's own
@@ -26,6 +27,11 @@ deviation (a, b: E-wide tables, E = 2 and 16; M: E × 32), fitted by the per_obj
 (8 restarts) and the additive families of width E at train fraction 0.8 (every value seen in
 training); test-only R² and object accuracy by frozen probes fitted on all noisy scenes, beside
 the probes' own object accuracy on those scenes.
+
+`--check=wide_codes`: 2,000 of the 2-object scenes of 10 × 10 values planted the same way with
+D = 64, noise 0.05 and code widths 4, 16 and 64, fitted by per_object_sum_product at its default
+width (E = D) on 5 seeds' object splits (train fraction 0.5), 2,000 steps, with the original's fit
+and the default fit.
 
 Writes studies/results/complexity_stability/<levers or check>.json and prints a table. Findings:
 docs/findings/complexity_stability.md.
@@ -49,18 +55,21 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "complexity_stability")
 VALUES = (10, 10)
 FAMILIES = ("additive", "product", "sum_product", "per_object_product", "per_object_sum_product")
-BASE = fitting.FitConfig(steps=1500, eval_every=500)
+# The original code's fit (one unregularised start on raw targets) at the benchmark's length.
+BASE = fitting.FitConfig(steps=1500, eval_every=500, **fitting.ORIGINAL)
+# The default fit (standardised targets, weight decay, 3 restarts) at the same length.
+DEFAULT = fitting.FitConfig(steps=1500, eval_every=500)
 LEVERS = {
     "single": BASE,
-    "restarts16": fitting.FitConfig(steps=1500, eval_every=500, restarts=16),
-    "restarts32": fitting.FitConfig(steps=1500, eval_every=500, restarts=32),
-    "restarts32_holdout": fitting.FitConfig(steps=1500, eval_every=500, restarts=32,
-                                            restart_holdout=0.2),
-    "restarts64": fitting.FitConfig(steps=1500, eval_every=500, restarts=64),
-    "restarts128": fitting.FitConfig(steps=1500, eval_every=500, restarts=128),
-    "restarts256": fitting.FitConfig(steps=1500, eval_every=500, restarts=256),
-    "restarts32_long": fitting.FitConfig(steps=1500, eval_every=500, restarts=32,
-                                         restart_steps=2000),
+    "restarts16": dataclasses.replace(BASE, restarts=16),
+    "restarts32": dataclasses.replace(BASE, restarts=32),
+    "restarts32_holdout": dataclasses.replace(BASE, restarts=32, restart_holdout=0.2),
+    "restarts64": dataclasses.replace(BASE, restarts=64),
+    "restarts128": dataclasses.replace(BASE, restarts=128),
+    "restarts256": dataclasses.replace(BASE, restarts=256),
+    "restarts32_long": dataclasses.replace(BASE, restarts=32, restart_steps=2000),
+    "default": DEFAULT,
+    "default_single": dataclasses.replace(DEFAULT, restarts=1),
 }
 TEST = data_lib.MASKS.index("test_only")
 
@@ -86,8 +95,9 @@ def restart_points(num_unique, count, fraction=0.5, lr=1e-2):
   return points.replace(key_Mx2=keys_Mx2.astype(np.uint32))
 
 
-def run_levers(levers, draws, count, family_names):
-  """Rows (lever, draw, family, successes, test-only R² per restart, times)."""
+def run_levers(levers, draws, count, family_names, fit_embed_dim=2):
+  """Rows (lever, draw, family, successes, test-only R² per restart, times); the fits have slot
+  width fit_embed_dim (0: the embedding width D, the approximators' default)."""
   objects_NxKxC, ids_NxK = planted_scenes()
   probes = linear.init_weights(jax.random.PRNGKey(0), VALUES, 100, 16, linear.ProbeConfig())
   rows = []
@@ -99,10 +109,12 @@ def run_levers(levers, draws, count, family_names):
                                              objects_NxKxC))
         data = complexity_data(VALUES, objects_NxKxC, ids_NxK, planted_NxD)
         start = time.perf_counter()
-        history, info = fitting.fit_models(model, data, probes, restart_points(100, count),
-                                           LEVERS[lever])
+        fit_model = families.make(family, VALUES, 2, out_dim=16, embed_dim=fit_embed_dim)
+        history, info = fitting.fit_models(fit_model, data, probes,
+                                           restart_points(100, count), LEVERS[lever])
         r2_M = history["r2"][:, -1, TEST]
-        rows.append({"lever": lever, "config": dataclasses.asdict(LEVERS[lever]), "draw": draw, "family": family,
+        rows.append({"lever": lever, "config": dataclasses.asdict(LEVERS[lever]), "draw": draw,
+                     "family": family, "fit_embed_dim": fit_model.width,
                      "successes": int((r2_M >= 0.9).sum()), "restarts": count,
                      "test_r2": r2_M.tolist(),
                      "final_train_loss": history["train_loss"][:, -1].tolist(),
@@ -152,6 +164,23 @@ def per_object_check(data, config, embed_dim, fraction, probe_steps=500):
   return report
 
 
+def wide_codes_check(width, config, seeds=5):
+  """Test-only R² and object accuracy (frozen probes fitted on all scenes) of per_object_sum_product
+  fits at E = D on `seeds` object splits of planted per-object scenes with codes `width` wide."""
+  data = planted_per_object(0.05, seed=width, values=VALUES, width=width, out_dim=64,
+                            num_scenes=2000)
+  probes, _ = linear.fit_probes(data.targets_NxD, data.labels, np.ones(data.num_scenes, bool),
+                                linear.ProbeConfig(steps=300))
+  points = data_lib.make_points(data.num_unique, [0.5] * seeds, list(range(seeds)),
+                                [1e-2] * seeds)
+  model = families.make("per_object_sum_product", VALUES, 2, out_dim=64)
+  start = time.perf_counter()
+  history, _ = fitting.fit_models(model, data, probes, points, config)
+  return {"test_r2": history["r2"][:, -1, TEST].tolist(),
+          "test_object_acc": history["object_acc"][:, -1, TEST].tolist(),
+          "wall_s": time.perf_counter() - start}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--levers", default="single,restarts32,restarts64,restarts32_holdout")
@@ -160,14 +189,26 @@ def main():
   parser.add_argument("--draws", default="100,101")
   parser.add_argument("--count", type=int, default=20)
   parser.add_argument("--families", default=",".join(FAMILIES))
-  parser.add_argument("--check", default="", help="per_object_sum_product: the noise table")
+  parser.add_argument("--fit_embed_dim", type=int, default=2,
+                      help="slot width of the fits (the planted width is 2; 0: D = 16)")
+  parser.add_argument("--check", default="",
+                      help="per_object_sum_product: the noise table; wide_codes: D = 64 codes")
   parser.add_argument("--noise", default="0,0.1,0.3,1,3")
   args = parser.parse_args()
   os.makedirs(RESULTS, exist_ok=True)
-  if args.check:
+  if args.check == "wide_codes":
+    rows = []
+    for width in (4, 16, 64):
+      for lever in ("single", "default"):
+        config = dataclasses.replace(LEVERS[lever], steps=2000, eval_every=1000)
+        rows.append({"width": width, "lever": lever, **wide_codes_check(width, config)})
+        print(json.dumps(rows[-1]), flush=True)
+    path = os.path.join(RESULTS, "check_wide_codes.json")
+  elif args.check:
     if args.check != "per_object_sum_product":
-      raise SystemExit(f"--check={args.check!r}: expected per_object_sum_product")
-    config = fitting.FitConfig(steps=600, eval_every=300, restarts=8, restart_steps=300)
+      raise SystemExit(f"--check={args.check!r}: expected per_object_sum_product or wide_codes")
+    config = dataclasses.replace(fitting.FitConfig(steps=600, eval_every=300, **fitting.ORIGINAL),
+                                 restarts=8, restart_steps=300)
     rows = []
     for width in (2, 16):
       for noise in [float(x) for x in args.noise.split(",")]:
@@ -182,7 +223,7 @@ def main():
     if unknown:
       raise SystemExit(f"--levers: unknown {sorted(unknown)}; expected some of {list(LEVERS)}")
     rows = run_levers(levers, [int(d) for d in args.draws.split(",")], args.count,
-                      args.families.split(","))
+                      args.families.split(","), args.fit_embed_dim)
     print("| lever | " + " | ".join(args.families.split(",")) + " |")
     for lever in levers:
       cells = [", ".join(str(r["successes"]) for r in rows
@@ -190,7 +231,8 @@ def main():
                for f in args.families.split(",")]
       print(f"| {lever} | " + " | ".join(cells) + " |")
     draws = "" if args.draws == "100,101" else "_draws" + args.draws.replace(",", "_")
-    path = os.path.join(RESULTS, "levers_" + "_".join(levers) + draws + ".json")
+    width = "" if args.fit_embed_dim == 2 else f"_fitE{args.fit_embed_dim}"
+    path = os.path.join(RESULTS, "levers_" + "_".join(levers) + draws + width + ".json")
   files.write_json(path, files.to_jsonable({"args": vars(args), "rows": rows}), indent=1)
   print("wrote", path)
 

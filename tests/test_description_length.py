@@ -24,7 +24,7 @@ from test_complexity import DATA, REPO, make_data
 # on one device (unbatched models compile faster than the 8-device sharded batch).
 V5 = (5, 5)
 CODE = dl.CodeConfig(block_fractions=(0.2, 0.4, 0.6, 0.8), restarts=2)
-FIT = fitting.FitConfig(steps=2000, eval_every=2000)
+FIT = fitting.FitConfig(steps=2000, eval_every=2000, **fitting.ORIGINAL)
 LEARNING_RATES = (1e-2,)
 # Families: the two planted ones and sum_product, which contains both and comes second on
 # additive data (docs/complexity.md, "Description length", has the other families too).

@@ -37,13 +37,15 @@ def test_unknown_preset_is_refused(capsys):
   assert "'laptop'; expected smoke, cpu, cpu_144, cpu_c3, gpu_quick" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("preset", ["smoke", "cpu", "paper", "paper,trees", "paper,stable"])
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "paper", "paper,trees", "paper,original"])
 def test_complexity_presets_validate(preset):
   from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
   config = flags.load_config(os.path.join(REPO, "experiments", "complexity.py") + f":{preset}")
   fit = analysis.fit_config_from(config)
   assert fit.steps == config.steps and fit.restarts == config.restarts
-  assert (fit.restarts > 1) == preset.endswith("stable") and config.trees == ("trees" in preset)
+  original = preset.endswith("original")
+  assert (fit.restarts == 1) == original and (fit.decay_for("product") == 0) == original
+  assert fit.standardize != original and config.trees == ("trees" in preset)
 
 
 @pytest.mark.parametrize("preset", ["smoke", "cpu", "paper"])

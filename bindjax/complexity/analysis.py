@@ -73,7 +73,9 @@ def fit_config_from(config):
                            eval_cadence=config.eval_cadence,
                            restarts=int(config.restarts),
                            restart_steps=int(config.restart_steps),
-                           restart_holdout=float(config.restart_holdout)).validate()
+                           restart_holdout=float(config.restart_holdout),
+                           standardize=bool(config.standardize),
+                           weight_decay=config.weight_decay).validate()
 
 
 def code_config_from(config):

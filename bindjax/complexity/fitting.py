@@ -32,6 +32,11 @@ CADENCES = ("end", "original")
 # fit_grid puts splits in one batch while the largest training count is at most this many times
 # the smallest: padding then costs at most a quarter of a batch's training arithmetic.
 PAD_RATIO = 1.25
+# Default weight decay per family (standardised targets), measured on planted structure
+# (docs/findings/complexity_stability.md): a product of all K·C slots needs less than one of
+# each object's C slots; additive and MLP fits are not regularised by default.
+WEIGHT_DECAY = {"mlp": 0.0, "additive": 0.0, "product": 3e-4, "sum_product": 3e-4,
+                "per_object_product": 3e-3, "per_object_sum_product": 3e-3}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +53,28 @@ class FitConfig:
   # Initialisations tried per fit (docs/complexity.md, "Restarts"). 1: the single initialisation
   # from the fit's seed, as the original runs it. R > 1: R candidates train restart_steps steps
   # at the fit's constant learning rate; the best one by `restart_holdout` is trained as usual.
-  restarts: int = 1
-  restart_steps: int = 1000
+  restarts: int = 3
+  restart_steps: int = 0      # 0: half of `steps`
   # 0: candidates train on all the fit's training scenes and the lowest training loss wins.
   # h in (0, 1): they train on the scenes of the first 1 − h of the training objects and the
   # lowest error on the remaining train-only scenes (those holding a held-out object) wins.
   restart_holdout: float = 0.0
+  # Fit in units of the training targets (their mean removed, divided by their RMS spread), so
+  # that weight_decay means the same on every embedding set. False: raw targets, as the original.
+  standardize: bool = True
+  # L2 penalty on every table, W and kernel, decayed linearly to 0 by the last step: it picks,
+  # among the many wide products that fit the training scenes, a low-rank one, which is what
+  # predicts unseen objects (docs/complexity.md, "Why single fits failed"). "auto": the
+  # family's value in WEIGHT_DECAY; 0: none, as the original.
+  weight_decay: float | str = "auto"
+
+  def __post_init__(self):
+    # A number typed on the command line into the "auto" field arrives as a string.
+    if isinstance(self.weight_decay, str) and self.weight_decay != "auto":
+      try:
+        object.__setattr__(self, "weight_decay", float(self.weight_decay))
+      except ValueError:
+        pass  # validate() names it
 
   def validate(self):
     """Returns self; ValueError naming the bad field."""
@@ -69,11 +90,29 @@ class FitConfig:
                        f"{linear.SIMILARITIES}")
     if self.restarts < 1:
       raise ValueError(f"restarts={self.restarts}: expected ≥ 1 (1: a single initialisation)")
-    if self.restarts > 1 and self.restart_steps < 1:
-      raise ValueError(f"restart_steps={self.restart_steps}: expected ≥ 1 with restarts > 1")
+    if self.restart_steps < 0:
+      raise ValueError(f"restart_steps={self.restart_steps}: expected ≥ 0 (0: half of steps)")
     if not 0 <= self.restart_holdout < 1:
       raise ValueError(f"restart_holdout={self.restart_holdout}: expected 0 ≤ h < 1")
+    if self.weight_decay != "auto" and not (isinstance(self.weight_decay, (int, float))
+                                            and self.weight_decay >= 0):
+      raise ValueError(f"weight_decay={self.weight_decay!r}: expected 'auto' or a number ≥ 0")
     return self
+
+  @property
+  def candidate_steps(self):
+    """Steps each restart candidate trains at a constant learning rate."""
+    return self.restart_steps or max(1, self.steps // 2)
+
+  def decay_for(self, family):
+    """The weight decay a fit of `family` uses."""
+    if self.weight_decay == "auto":
+      return WEIGHT_DECAY[family]
+    return float(self.weight_decay)
+
+
+# The ORIGINAL settings reproduce the original code's single unregularised fit.
+ORIGINAL = dict(standardize=False, weight_decay="0", restarts=1)
 
 
 def eval_steps(config):
@@ -121,21 +160,22 @@ def _init_one(point, model):
 
 def _select_one(point, rows_T, valid_T, score_N, data, model, config):
   """Initial (params, Adam state) of one fit with config.restarts > 1: the candidate with the
-  lowest masked error on score_N after config.restart_steps steps on rows_T; also its index
+  lowest masked error on score_N after config.candidate_steps steps on rows_T; also its index
   and that error."""
   keys_Rx2 = jax.vmap(lambda r: jax.random.fold_in(point.key_Mx2, r))(
       jnp.arange(config.restarts))
   explore = dataclasses.replace(config, schedule="constant")
-  anneal_steps = max(1, config.restart_steps // 4)
+  anneal_steps = max(1, config.candidate_steps // 4)
   anneal = dataclasses.replace(config, schedule="cosine", steps=anneal_steps)
 
   def candidate(key_2):
     state = _init_one(point.replace(key_Mx2=key_2), model)
-    state, _ = _train_one(point, state, rows_T, valid_T, 0, config.restart_steps, data, model,
-                          explore)
+    state, _ = _train_one(point, state, rows_T, valid_T, 0, config.candidate_steps, data,
+                          model, explore)
     (params, _), _ = _train_one(point, state, rows_T, valid_T, 0, anneal_steps, data, model,
                                 anneal)
-    se_N = ((model.apply(params, data.values_NxKxC) - data.targets_NxD) ** 2).mean(-1)
+    stats = _target_stats(data.targets_NxD[rows_T], valid_T, config)
+    se_N = ((_predict(params, data.values_NxKxC, stats, model) - data.targets_NxD) ** 2).mean(-1)
     return params, objectives.masked_mean(se_N, score_N)
 
   params_R, error_R = jax.vmap(candidate)(keys_Rx2)
@@ -144,19 +184,49 @@ def _select_one(point, rows_T, valid_T, score_N, data, model, config):
   return (params, optax.scale_by_adam().init(params)), best, error_R[best]
 
 
-def _train_one(point, state, rows_T, valid_T, first_step, num_steps, data, model, config):
-  """num_steps Adam steps (a dynamic count) from step first_step; returns (state, last loss)."""
-  values_TxKxC = data.values_NxKxC[rows_T]
-  targets_TxD = data.targets_NxD[rows_T]
-  adam = optax.scale_by_adam()
+def _target_stats(targets_NxD, mask_N, config):
+  """(mean [D], RMS spread) of the masked targets: the units a fit trains in."""
+  if not config.standardize:
+    return jnp.zeros(targets_NxD.shape[-1], jnp.float32), jnp.ones((), jnp.float32)
+  weight_N = mask_N.astype(jnp.float32) / jnp.maximum(mask_N.sum(), 1)
+  mean_D = weight_N @ targets_NxD
+  spread = jnp.sqrt(weight_N @ ((targets_NxD - mean_D) ** 2).mean(-1))
+  return mean_D, jnp.maximum(spread, 1e-12)
 
-  def loss_fn(p):
+
+def _predict(params, values_NxKxC, stats, model):
+  mean_D, spread = stats
+  return model.apply(params, values_NxKxC) * spread + mean_D
+
+
+def _penalty(params):
+  """Σ of squares of every table, W and kernel (biases are not penalised)."""
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  return sum((x ** 2).sum() for path, x in leaves if jax.tree_util.keystr(path[-1:]) != "['bias']")
+
+
+def _train_one(point, state, rows_T, valid_T, first_step, num_steps, data, model, config):
+  """num_steps Adam steps (a dynamic count) from step first_step; returns (state, last loss).
+
+  The loss is the mean squared error in the fit's target units (see `_target_stats`) plus the
+  decaying weight-decay penalty; the returned loss is the error alone."""
+  values_TxKxC = data.values_NxKxC[rows_T]
+  mean_D, spread = _target_stats(data.targets_NxD[rows_T], valid_T, config)
+  targets_TxD = (data.targets_NxD[rows_T] - mean_D) / spread
+  adam = optax.scale_by_adam()
+  decay = config.decay_for(model.family)
+
+  def loss_fn(p, t):
     se_T = ((model.apply(p, values_TxKxC) - targets_TxD) ** 2).mean(-1)
-    return objectives.masked_mean(se_T, valid_T)
+    error = objectives.masked_mean(se_T, valid_T)
+    if not decay:
+      return error, error
+    strength = decay * jnp.maximum(0.0, 1.0 - t / config.steps)
+    return error + strength * _penalty(p), error
 
   def step(t, carry):
     (p, opt_state), _ = carry
-    loss, grads = jax.value_and_grad(loss_fn)(p)
+    (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, t)
     updates, opt_state = adam.update(grads, opt_state, p)
     lr = point.learning_rate_M * _lr_factor(t, config)
     p = jax.tree_util.tree_map(lambda x, u: x - lr * u, p, updates)
@@ -169,7 +239,8 @@ def _train_one(point, state, rows_T, valid_T, first_step, num_steps, data, model
 def _evaluate_one(point, params, data, probes, model, config):
   masks_3xN = data_lib.scene_masks(data.object_ids_NxK, point.permutation_MxU,
                                    point.num_train_M)
-  pred_NxD = model.apply(params, data.values_NxKxC)
+  stats = _target_stats(data.targets_NxD, masks_3xN[0], config)
+  pred_NxD = _predict(params, data.values_NxKxC, stats, model)
   return evaluate_predictions(pred_NxD, data, probes, masks_3xN, config.probe_similarity)
 
 
@@ -444,6 +515,7 @@ def fit_grid(entries, data, probes, config, mesh=None, chunk_size="auto", memory
             "train_fraction": float(e.train_fraction), "seed": int(e.seed),
             "learning_rate": float(e.learning_rate), "schedule": config.schedule,
             "steps": config.steps, "restarts": config.restarts,
+            "standardize": config.standardize, "weight_decay": config.decay_for(model.family),
             **{key: None if info[key] is None else info[key][j]
                for key in ("restart_candidate", "restart_error")},
             "num_train_objects": int(points.num_train_M[b]),
