@@ -300,11 +300,9 @@ def _final_state(workdir):
   _, (bucket,) = sweep.expand_grid(test_sweep.tiny_config())
   hyper, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 16)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                        jax.eval_shape(lambda h: sweep.init_bucket_state(h, bucket.spec, True),
-                                       hyper))
+  target = jax.eval_shape(lambda h: sweep.init_bucket_state(h, bucket.spec, True), hyper)
   with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
-    return ckpt.all_steps(), ckpt.restore(target)
+    return ckpt.all_steps(), sweep.restore_state(ckpt.restore, target, device)
 
 
 def _assert_same_final_state(workdir, reference_workdir):
