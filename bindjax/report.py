@@ -28,37 +28,34 @@ from scipy import stats
 from bindjax import files
 from bindjax import results
 
-# Metric names of bindjax.train.eval_step; "{K}" is the maximum number of objects per scene.
-BINDING_METRIC = "heldout/object_accuracy_{K}obj"
-ONE_OBJECT_METRIC = "heldout/object_accuracy_1obj"
-CONCEPT_METRIC = "heldout/concept_accuracy"
+# Metric names of bindjax.train.eval_step; results.ROW_K stands for each row's K (the maximum
+# number of objects per scene).
+BINDING_METRIC = results.object_accuracy(results.HELDOUT, results.ROW_K)
+ONE_OBJECT_METRIC = results.object_accuracy(results.HELDOUT, 1)
+CONCEPT_METRIC = results.concept_accuracy(results.HELDOUT)
 # ρ* may be read off either held-out figure (docs/objectives.md#binding): set-separation accuracy
 # on max-object scenes, or the binding figure (both objects above every cross object).
-RHO_METRICS = {"accuracy": BINDING_METRIC, "binding": "heldout/binding"}
+RHO_METRICS = {"accuracy": BINDING_METRIC, "binding": results.binding(results.HELDOUT)}
 # Every metric the report aggregates and draws (the ρ* metric first).
-REPORT_METRICS = (BINDING_METRIC, "heldout/binding", "train/object_accuracy_{K}obj",
-                  "train/binding", ONE_OBJECT_METRIC, CONCEPT_METRIC)
+REPORT_METRICS = (BINDING_METRIC, results.binding(results.HELDOUT),
+                  results.object_accuracy(results.TRAIN, results.ROW_K),
+                  results.binding(results.TRAIN), ONE_OBJECT_METRIC, CONCEPT_METRIC)
 THRESHOLD = 0.5
 LEVEL = 0.95
-# The step a report reads by default: the last evaluation, chosen without looking at held-out
-# objects.
-DEFAULT_STEP = "final"
 # Replica settings that are not seeds: replicas differing only in seed are averaged; any other
 # difference besides coverage makes a separate curve.
-SERIES_KEYS = ("C", "V", "K", "space_size", "model", "learning_rate", "weight_decay")
-
-
-def _metric(row, name):
-  """A row's metric; "{K}" in the name becomes the row's maximum number of objects."""
-  return row.get(name.replace("{K}", str(row.get("K"))))
+SERIES_KEYS = (results.NUM_CONCEPTS, results.NUM_VALUES, results.MAX_OBJECTS, results.SPACE_SIZE,
+               results.MODEL, results.LEARNING_RATE, results.WEIGHT_DECAY)
+# Settings a label never lists as varying: |O|, C and V open every label, K goes with the space.
+LABEL_KEYS = (results.NUM_CONCEPTS, results.NUM_VALUES, results.MAX_OBJECTS, results.SPACE_SIZE)
 
 
 def series_label(key):
   """Legend text of a series: |O| with (C, V), plus any non-default hyperparameters."""
   values = dict(zip(SERIES_KEYS, key))
-  v = values["V"]
+  v = values[results.NUM_VALUES]
   v = "×".join(map(str, v)) if isinstance(v, (list, tuple)) else v
-  label = f"|O|={values['space_size']:,} (C={values['C']}, V={v})"
+  label = f"|O|={values[results.SPACE_SIZE]:,} (C={values[results.NUM_CONCEPTS]}, V={v})"
   return label
 
 
@@ -72,7 +69,7 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
   series = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in selected:
     key = tuple(_hashable(row.get(k)) for k in SERIES_KEYS)
-    series[key][float(row["coverage"])].append(row)
+    series[key][float(row[results.COVERAGE])].append(row)
   out = []
   varying = _varying_keys(series.keys())
   for key in sorted(series, key=lambda k: tuple(map(str, k))):
@@ -80,13 +77,13 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
     per_seed = collections.defaultdict(list)
     for coverage in sorted(series[key]):
       rows = series[key][coverage]
-      point = {"coverage": coverage, "seeds": [r["seed"] for r in rows],
-               "steps": [r["step"] for r in rows],
-               "heldout_objects": sorted({r["space_size"] - r["num_train_objects"]
-                                          for r in rows if "num_train_objects" in r}),
-               "diverged": sum(bool(r.get("diverged")) for r in rows)}
+      point = {"coverage": coverage, "seeds": [r[results.SEED] for r in rows],
+               "steps": [r[results.STEP] for r in rows],
+               "heldout_objects": sorted({r[results.SPACE_SIZE] - r[results.NUM_TRAIN_OBJECTS]
+                                          for r in rows if results.NUM_TRAIN_OBJECTS in r}),
+               "diverged": sum(bool(r.get(results.DIVERGED)) for r in rows)}
       for metric in metrics:
-        values = [_metric(r, metric) for r in rows]
+        values = [results.metric_value(r, metric) for r in rows]
         values = np.array([np.nan if v is None else v for v in values], dtype=float)
         finite = values[np.isfinite(values)]
         point[metric] = {
@@ -96,17 +93,17 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
             "max": float(finite.max()) if finite.size else None,
             "values": [None if not np.isfinite(v) else float(v) for v in values]}
       for r in rows:
-        value = _metric(r, metrics[0])
+        value = results.metric_value(r, metrics[0])
         if value is not None and np.isfinite(value):
-          per_seed[r["seed"]].append((coverage, float(value)))
+          per_seed[r[results.SEED]].append((coverage, float(value)))
       points.append(point)
     values = dict(zip(SERIES_KEYS, key))
     label = series_label(key)
-    extras = [f"{k}={values[k]}" for k in varying if k not in ("C", "V", "K", "space_size")]
+    extras = [f"{k}={values[k]}" for k in varying if k not in LABEL_KEYS]
     if extras:
       label += " " + ", ".join(extras)
     out.append({"key": files.to_jsonable(values), "label": label,
-                "space_size": values["space_size"], "points": points,
+                "space_size": values[results.SPACE_SIZE], "points": points,
                 "per_seed": {str(s): v for s, v in sorted(per_seed.items())}})
   out.sort(key=lambda s: (s["space_size"], s["label"]))
   return out
@@ -268,7 +265,7 @@ def scaling_law_intervals(rows, laws, num_draws=1000, seed=0, level=LEVEL):
   """
   if not laws or any(r["standard_error"] is None for r in rows):
     return laws
-  n = np.array([r["space_size"] for r in rows], dtype=float)
+  n = np.array([r[results.SPACE_SIZE] for r in rows], dtype=float)
   rho = np.array([r["rho_star"] for r in rows], dtype=float)
   se = np.array([r["standard_error"] for r in rows], dtype=float)
   dof = np.array([r["num_seeds"] - 1 for r in rows], dtype=float)
@@ -301,8 +298,9 @@ STATUS_WORDS = {"fit": "fit", "above": "above 0.5 at every coverage",
                 "below": "never reaches 0.5", "too_few": "fewer than 2 coverages"}
 # Per-coverage columns of the Markdown table: (metric, header).
 TABLE_METRICS = ((BINDING_METRIC, "held-out {K}-object accuracy"),
-                 ("heldout/binding", "held-out binding"),
-                 ("train/object_accuracy_{K}obj", "training {K}-object accuracy"))
+                 (results.binding(results.HELDOUT), "held-out binding"),
+                 (results.object_accuracy(results.TRAIN, results.ROW_K),
+                  "training {K}-object accuracy"))
 
 
 def _number(x, digits=3):
@@ -324,14 +322,14 @@ def _rho_rows(table):
     status = STATUS_WORDS[row["status"]]
     if row["censored_seeds"] and row["status"] == "fit":
       status += f"; seed(s) {', '.join(row['censored_seeds'])} never cross 0.5: no interval"
-    lines.append(f"| {_escape(row['label'])} | {row['space_size']:,} | {row['num_seeds']} | "
+    lines.append(f"| {_escape(row['label'])} | {row[results.SPACE_SIZE]:,} | {row['num_seeds']} | "
                  f"{_number(row['rho_star'])} | {interval} | {per_seed} | "
                  f"{_number(row['slope'], 1)} | {status} |")
   return lines
 
 
 def _coverage_rows(s):
-  k = s["key"]["K"]
+  k = s["key"][results.MAX_OBJECTS]
   headers = [h.format(K=k) for _, h in TABLE_METRICS]
   lines = [f"### {_escape(s['label'])}", "",
            "Values per seed, in the order of the seeds column.", "",
@@ -378,8 +376,8 @@ def markdown_table(table, laws, step, metric="accuracy", series=()):
   """
   what = {"accuracy": "held-out set-separation accuracy on max-object scenes",
           "binding": "held-out binding figure on two-object scenes"}[metric]
-  ks = sorted({row["K"] for row in table})
-  name = RHO_METRICS[metric].replace("{K}", "/".join(map(str, ks)))
+  ks = sorted({row[results.MAX_OBJECTS] for row in table})
+  name = RHO_METRICS[metric].replace(results.ROW_K, "/".join(map(str, ks)))
   lines = [f"# Critical coverage ρ* ({STEP_WORDS[step]}; {what} (`{name}`), "
            f"crossing {THRESHOLD})", ""]
   lines += _rho_rows(table) + [""] + _law_lines(laws) + [""]
@@ -402,7 +400,7 @@ def _selected_rows(workdir, step):
   return selected
 
 
-def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
+def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None,
                 formats=("png", "pdf"), metric="accuracy"):
   """Writes figures, ρ* table and scaling law for one sweep or several; returns the summary.
 
@@ -431,8 +429,9 @@ def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
   # A scaling law needs one ρ* per |O|: use series that differ only in size.
   fitted = [r for r in table if r["rho_star"] is not None]
   laws = None
-  if len({r["space_size"] for r in fitted}) == len(fitted):
-    laws = fit_scaling_laws([r["space_size"] for r in fitted], [r["rho_star"] for r in fitted])
+  if len({r[results.SPACE_SIZE] for r in fitted}) == len(fitted):
+    laws = fit_scaling_laws([r[results.SPACE_SIZE] for r in fitted],
+                            [r["rho_star"] for r in fitted])
     laws = scaling_law_intervals(fitted, laws, num_draws)
   out_dir = out_dir or os.path.join(workdirs[0], results.REPORT_DIR)
   os.makedirs(out_dir, exist_ok=True)
@@ -450,7 +449,8 @@ def make_report(workdir, step=DEFAULT_STEP, num_draws=1000, out_dir=None,
   summary = {"workdirs": [os.path.abspath(w) for w in workdirs], "step": step, "threshold": THRESHOLD,
              "metric": rho_metric, "critical_coverage": table, "scaling_law": laws,
              "finished": finished, "num_replicas": len(selected),
-             "num_diverged": sum(bool(r["diverged"]) for r in selected), "figures": figures}
+             "num_diverged": sum(bool(r[results.DIVERGED]) for r in selected),
+             "figures": figures}
   files.write_json(os.path.join(out_dir, "critical_coverage.json"), summary)
   files.write_atomic(os.path.join(out_dir, "critical_coverage.md"),
                      markdown_table(table, laws, step, metric, series))

@@ -13,10 +13,12 @@
   bindjax_outputs.json what bindjax wrote here (`files.record_outputs`): --overwrite removes that
   bindjax.lock         held by the run while it runs (`bindjax.workdir_lock`)
 
-A row holds the replica's coordinates (`sweep.Replica.coordinates`), "step", "kind" ("train" at
+A row holds the replica's COORDINATES (`sweep.Replica.coordinates`), STEP, KIND ("train" at
 logged steps, "eval" at evaluation steps, "diverged" once when the replica's loss or parameters
-became non-finite, with "diverged_step"), the training metrics TRAIN_METRICS of that step and,
-at evaluation steps, every metric of `train.eval_step`. Non-finite values are written as null.
+became non-finite, with DIVERGED_STEP), the training metrics TRAIN_METRICS of that step and, at
+evaluation steps, every metric of `train.eval_step`. Non-finite values are written as null.
+This module is the one definition of those names: the coordinate fields below, and evaluation
+metric names made by `metric`, `object_accuracy`, `concept_accuracy` and `binding`.
 
 results.jsonl is a view: each bucket's checkpoints hold the bucket's rows up to their step
 (`pack_rows`), so a resumed sweep rebuilds every row its checkpoints cover.
@@ -41,7 +43,71 @@ CHECKPOINT_DIR = "checkpoints"
 REPORT_DIR = "report"
 # What a training run writes into its workdir (the report keeps its own record in report/).
 OUTPUTS = (CONFIG_FILE, REPLICAS_FILE, RESULTS_FILE, SUMMARY_FILE, DONE_FILE, CHECKPOINT_DIR)
+
+# A replica's coordinates (replicas.json, and the head of each of its rows), in row order.
+REPLICA = "replica"
+BUCKET = "bucket"
+NUM_CONCEPTS = "C"
+NUM_VALUES = "V"           # an int, or a list of per-concept sizes
+MAX_OBJECTS = "K"
+SPACE_SIZE = "space_size"
+COVERAGE = "coverage"
+SEED = "seed"
+LEARNING_RATE = "learning_rate"
+WEIGHT_DECAY = "weight_decay"
+MODEL = "model"
+NUM_TRAIN_OBJECTS = "num_train_objects"
+COORDINATES = (REPLICA, BUCKET, NUM_CONCEPTS, NUM_VALUES, MAX_OBJECTS, SPACE_SIZE, COVERAGE,
+               SEED, LEARNING_RATE, WEIGHT_DECAY, MODEL, NUM_TRAIN_OBJECTS)
+# A row's other fields besides its metrics; DIVERGED and DIVERGED_STEP are in its "diverged" row,
+# and `select_evaluations` sets DIVERGED on the row it picks.
+KIND = "kind"
+STEP = "step"
+DIVERGED = "diverged"
+DIVERGED_STEP = "diverged_step"
 KINDS = ("train", "eval", "diverged")
+
+# The two evaluations of `train.eval_step`: scenes of held-out objects, and of training objects.
+HELDOUT = "heldout"
+TRAIN = "train"
+# The binding figure's name within a split (docs/objectives.md#binding).
+BINDING = "binding"
+# k of a metric name that stands for each row's own K (filled in by `metric_value`).
+ROW_K = "{K}"
+# k of the columns that hold each replica's metric on K-object scenes (summary.csv, binding rows).
+MAX_K = "max"
+
+
+def metric(split, name):
+  """The row name of evaluation metric `name` of split HELDOUT or TRAIN: "heldout/binding"."""
+  return f"{split}/{name}"
+
+
+def accuracy_name(target, k=None):
+  """The name of "object" or "concept" accuracy over all scenes (k None) or k-object scenes
+  (k: a count, ROW_K or MAX_K): "object_accuracy", "object_accuracy_2obj"."""
+  return f"{target}_accuracy" if k is None else f"{target}_accuracy_{k}obj"
+
+
+def object_accuracy(split, k=None):
+  """Object accuracy of `split` (over k-object scenes; `accuracy_name`)."""
+  return metric(split, accuracy_name("object", k))
+
+
+def concept_accuracy(split, k=None):
+  """Concept accuracy of `split` (over k-object scenes; `accuracy_name`)."""
+  return metric(split, accuracy_name("concept", k))
+
+
+def binding(split):
+  """The binding figure of `split`: "heldout/binding"."""
+  return metric(split, BINDING)
+
+
+def metric_value(row, name):
+  """A row's value of metric `name` (None when absent); ROW_K in the name becomes the row's K."""
+  return row.get(name.replace(ROW_K, str(row.get(MAX_OBJECTS))))
+
 
 # Training metrics copied into every row (besides the evaluation metrics at eval steps).
 TRAIN_METRICS = ("loss", "concept_loss", "object_loss", "batch_concept_accuracy",
@@ -49,11 +115,15 @@ TRAIN_METRICS = ("loss", "concept_loss", "object_loss", "batch_concept_accuracy"
 # Row names of training metrics whose own name is a grid coordinate.
 RENAMED = {"learning_rate": "scheduled_learning_rate"}
 # The evaluation that "best" means, for rows and for the best-parameters checkpoint.
-SELECTION_METRIC = "heldout/object_accuracy"
+SELECTION_METRIC = object_accuracy(HELDOUT)
 STEPS = ("best", "final")
-SUMMARY_METRICS = ("heldout/object_accuracy", "heldout/object_accuracy_1obj",
-                   "heldout/concept_accuracy", "train/object_accuracy",
-                   "train/concept_accuracy", "loss", "tau")
+# The step a reader takes unless told: the last evaluation, chosen without looking at held-out
+# objects.
+DEFAULT_STEP = "final"
+SUMMARY_METRICS = (SELECTION_METRIC, object_accuracy(HELDOUT, 1), concept_accuracy(HELDOUT),
+                   object_accuracy(TRAIN), concept_accuracy(TRAIN), "loss", "tau")
+# 1 when the held-out metrics of an evaluation came from training objects (coverage 1).
+USES_TRAINING_OBJECTS = metric(HELDOUT, "uses_training_objects")
 
 
 def bucket_checkpoint_dir(workdir, bucket):
@@ -68,14 +138,13 @@ def _finite_or_none(value):
 
 def make_row(coordinates, step, train_metrics, eval_metrics=None, diverged_step=-1):
   """One result row from a replica's coordinates and its scalar metrics at `step`."""
-  row = {"kind": "eval" if eval_metrics is not None else "train", **coordinates,
-         "step": int(step)}
+  row = {KIND: "eval" if eval_metrics is not None else "train", **coordinates, STEP: int(step)}
   for name in TRAIN_METRICS:
     row[RENAMED.get(name, name)] = _finite_or_none(train_metrics[name])
   for name in sorted(eval_metrics or {}):
     row[name] = _finite_or_none(eval_metrics[name])
   if diverged_step >= 0:
-    row.update(kind="diverged", diverged=True, diverged_step=int(diverged_step))
+    row.update({KIND: "diverged", DIVERGED: True, DIVERGED_STEP: int(diverged_step)})
   return row
 
 
@@ -91,8 +160,8 @@ def read_rows(workdir):
   except ValueError as e:
     raise ValueError(f"{e}; rerun the sweep's command to rebuild it from the checkpoints") from None
   for number, row in enumerate(rows, 1):
-    if (row.get("kind") not in KINDS or not isinstance(row.get("replica"), int)
-        or not isinstance(row.get("step"), int)):
+    if (row.get(KIND) not in KINDS or not isinstance(row.get(REPLICA), int)
+        or not isinstance(row.get(STEP), int)):
       raise ValueError(f"{path}:{number}: not a result row (expected kind in {KINDS}, an integer "
                        "replica and step); rerun the sweep's command to rebuild the file from "
                        "the checkpoints")
@@ -118,8 +187,8 @@ def pack_rows(rows, coordinates):
   schemas, rows_out = [], []
   index = {}
   for row in rows:
-    shared = coordinates[row["replica"]]
-    keys = tuple(k for k in row if k not in shared or k == "replica")
+    shared = coordinates[row[REPLICA]]
+    keys = tuple(k for k in row if k not in shared or k == REPLICA)
     if keys not in index:
       index[keys] = len(schemas)
       schemas.append(list(keys))
@@ -133,8 +202,8 @@ def unpack_rows(packed, coordinates):
   for values in packed["rows"]:
     keys = packed["schemas"][values[0]]
     stored = dict(zip(keys, values[1:]))
-    row = {"kind": stored["kind"], **coordinates[stored["replica"]]}
-    row.update((k, v) for k, v in stored.items() if k != "kind")
+    row = {KIND: stored[KIND], **coordinates[stored[REPLICA]]}
+    row.update((k, v) for k, v in stored.items() if k != KIND)
     out.append(row)
   return out
 
@@ -165,21 +234,26 @@ def select_evaluations(rows, step="best"):
   by_replica = collections.defaultdict(list)
   diverged = {}
   for row in rows:
-    if row.get("diverged"):
-      diverged[row["replica"]] = row
-    if row.get("kind") == "eval":
-      by_replica[row["replica"]].append(row)
+    if row.get(DIVERGED):
+      diverged[row[REPLICA]] = row
+    if row.get(KIND) == "eval":
+      by_replica[row[REPLICA]].append(row)
   for replica, row in diverged.items():
     by_replica.setdefault(replica, [row])
   chosen = []
   for replica, evals in sorted(by_replica.items()):
-    evals = sorted(evals, key=lambda r: r["step"])
+    evals = sorted(evals, key=lambda r: r[STEP])
     if step == "final":
       row = evals[-1]
     else:
-      row = max(evals, key=lambda r: (_nan_low(r.get(SELECTION_METRIC)), -r["step"]))
-    chosen.append(dict(row, diverged=replica in diverged))
+      row = max(evals, key=lambda r: (_nan_low(r.get(SELECTION_METRIC)), -r[STEP]))
+    chosen.append({**row, DIVERGED: replica in diverged})
   return chosen
+
+
+def diverged_steps(rows):
+  """{replica index: the step whose update was non-finite} of the replicas that diverged."""
+  return {r[REPLICA]: r[DIVERGED_STEP] for r in rows if r.get(KIND) == "diverged"}
 
 
 def summary_rows(rows, replicas):
@@ -188,26 +262,25 @@ def summary_rows(rows, replicas):
   A replica that diverged before its first evaluation has its divergence step and empty
   metrics. replicas: coordinate dicts (replicas.json).
   """
-  final = {r["replica"]: r for r in select_evaluations(rows, "final")}
-  best = {r["replica"]: r for r in select_evaluations(rows, "best")}
-  diverged_at = {r["replica"]: r["diverged_step"] for r in rows if r.get("kind") == "diverged"}
+  final = {r[REPLICA]: r for r in select_evaluations(rows, "final")}
+  best = {r[REPLICA]: r for r in select_evaluations(rows, "best")}
+  diverged_at = diverged_steps(rows)
   out = []
   for coordinates in replicas:
-    index = coordinates["replica"]
+    index = coordinates[REPLICA]
     if index not in final:
       continue
-    k = coordinates["K"]
+    max_k = object_accuracy(HELDOUT, coordinates[MAX_OBJECTS])
     summary = dict(coordinates)
-    if isinstance(summary["V"], list):
-      summary["V"] = json.dumps(summary["V"])
-    summary["final_step"] = final[index]["step"]
-    for name in SUMMARY_METRICS + (f"heldout/object_accuracy_{k}obj",):
+    if isinstance(summary[NUM_VALUES], list):
+      summary[NUM_VALUES] = json.dumps(summary[NUM_VALUES])
+    summary["final_step"] = final[index][STEP]
+    for name in SUMMARY_METRICS + (max_k,):
       summary[f"final {name}"] = final[index].get(name)
-    summary["best_step"] = best[index]["step"]
-    summary["best heldout/object_accuracy"] = best[index].get(SELECTION_METRIC)
-    summary["best heldout/object_accuracy_maxobj"] = best[index].get(
-        f"heldout/object_accuracy_{k}obj")
-    summary["diverged_step"] = diverged_at.get(index, "")
+    summary["best_step"] = best[index][STEP]
+    summary[f"best {SELECTION_METRIC}"] = best[index].get(SELECTION_METRIC)
+    summary[f"best {object_accuracy(HELDOUT, MAX_K)}"] = best[index].get(max_k)
+    summary[DIVERGED_STEP] = diverged_at.get(index, "")
     out.append(summary)
   return out
 

@@ -80,12 +80,12 @@ class Replica:
   num_train: int
 
   def coordinates(self):
+    """The replica's `results.COORDINATES` as a dict (V a list when per-concept)."""
     v = list(self.num_values) if isinstance(self.num_values, tuple) else self.num_values
-    return {"replica": self.index, "bucket": self.bucket, "C": self.num_concepts, "V": v,
-            "K": self.max_objects, "space_size": self.space_size, "coverage": self.coverage,
-            "seed": self.seed, "learning_rate": self.learning_rate,
-            "weight_decay": self.weight_decay, "model": self.model,
-            "num_train_objects": self.num_train}
+    return dict(zip(results.COORDINATES, (
+        self.index, self.bucket, self.num_concepts, v, self.max_objects, self.space_size,
+        self.coverage, self.seed, self.learning_rate, self.weight_decay, self.model,
+        self.num_train)))
 
 
 @dataclasses.dataclass
@@ -455,7 +455,8 @@ class _Results:
     else:
       if self._file_rows is None:
         self._file_rows = results.read_rows(os.path.dirname(self.path))
-      rows = [r for r in self._file_rows if r["bucket"] == bucket.index and r["step"] <= step]
+      rows = [r for r in self._file_rows
+              if r[results.BUCKET] == bucket.index and r[results.STEP] <= step]
       missing = _missing_rows(rows, bucket, [s for s in range(1, step + 1) if is_logged(s)])
       if missing:
         replica, at = missing[0]
@@ -465,8 +466,7 @@ class _Results:
             "checkpoints holding rows, so they cannot be rebuilt; restore the file from a copy or "
             "pass --overwrite to start the run over")
     self.by_bucket[bucket.index] = rows
-    self.diverged.update((r["replica"], r["diverged_step"]) for r in rows
-                         if r["kind"] == "diverged")
+    self.diverged.update(results.diverged_steps(rows))
 
   def packed(self, bucket):
     """The bucket's rows so far, packed for its checkpoint's metadata."""
@@ -541,11 +541,9 @@ def _missing_rows(rows, bucket, logged_steps):
   """(replica, step) of rows a bucket must have at `logged_steps` but `rows` lack: each replica
   has a row at every logged step until its "diverged" row."""
   steps = collections.defaultdict(list)
-  ended = set()
   for row in rows:
-    steps[row["replica"]].append(row["step"])
-    if row["kind"] == "diverged":
-      ended.add(row["replica"])
+    steps[row[results.REPLICA]].append(row[results.STEP])
+  ended = results.diverged_steps(rows)
   missing = []
   for replica in bucket.replicas:
     have = steps[replica.index]
@@ -799,11 +797,12 @@ def run_single(config, workdir, *, overwrite=False, progress=True, log=print):
     config = single_run_config(config)
   run_sweep(config, workdir, overwrite=overwrite, progress=progress, log=log)
   rows = results.read_rows(workdir)
-  final = [r for r in results.select_evaluations(rows, "final") if r["kind"] == "eval"]
-  out = dict(final[0]) if final else {"step": 0}
-  diverged = [r for r in rows if r.get("kind") == "diverged"]
-  if diverged:
-    out.update(diverged=True, diverged_step=diverged[0]["diverged_step"])
+  final = [r for r in results.select_evaluations(rows, "final") if r[results.KIND] == "eval"]
+  out = dict(final[0]) if final else {results.STEP: 0}
+  diverged_at = results.diverged_steps(rows)
+  if diverged_at:
+    (step,) = diverged_at.values()   # one replica
+    out.update({results.DIVERGED: True, results.DIVERGED_STEP: step})
   return out
 
 

@@ -27,6 +27,7 @@ import optax
 
 from bindjax import models
 from bindjax import objectives
+from bindjax import results
 from bindjax import scenes
 from bindjax import world
 
@@ -385,32 +386,32 @@ def _evaluate(params, key, permutation_O, num_train, spec, split, scene_sharding
     for name in ("concept", "object"):
       overall, per_count_K, rows_K = objectives.accuracy_by_count(
           out[f"{name}_correct_B"], out[f"{name}_active_B"], batch.num_objects_B, k)
-      result[f"{name}_accuracy"] = overall
+      result[results.accuracy_name(name)] = overall
       result[f"{name}_accuracy_K"] = per_count_K
       result[f"{name}_rows_K"] = rows_K
       result[f"{name}_active"] = out[f"{name}_active_B"].mean()
     scenes_B, bound_B = binding(params, batch, out["z_BxD"], spec.model, spec.space,
                                 spec.model.eval_logit_cap)
-    result["binding"] = objectives.masked_mean(bound_B, scenes_B)
+    result[results.BINDING] = objectives.masked_mean(bound_B, scenes_B)
     result["binding_scenes"] = scenes_B.sum()
     return result
 
   per_batch = jax.lax.map(one_batch, jax.random.split(key, spec.eval_batches))
   metrics = {}
   for name in ("concept", "object"):
-    metrics[f"{name}_accuracy"] = per_batch[f"{name}_accuracy"].mean()
+    metrics[results.accuracy_name(name)] = per_batch[results.accuracy_name(name)].mean()
     # By count: mean over the batches that hold scenes of that count.
     has_rows_NxK = (per_batch[f"{name}_rows_K"] > 0).astype(jnp.float32)
     per_count_K = ((per_batch[f"{name}_accuracy_K"] * has_rows_NxK).sum(0) /
                    jnp.maximum(has_rows_NxK.sum(0), 1.0))
     for count in range(k):
-      metrics[f"{name}_accuracy_{count + 1}obj"] = per_count_K[count]
+      metrics[results.accuracy_name(name, count + 1)] = per_count_K[count]
     metrics[f"{name}_loss"] = per_batch[f"{name}_loss"].mean()
     metrics[f"{name}_active_fraction"] = per_batch[f"{name}_active"].mean()
   # Binding: mean over the batches that hold binding scenes.
   has_scenes_N = (per_batch["binding_scenes"] > 0).astype(jnp.float32)
-  metrics["binding"] = ((per_batch["binding"] * has_scenes_N).sum() /
-                        jnp.maximum(has_scenes_N.sum(), 1.0))
+  metrics[results.BINDING] = ((per_batch[results.BINDING] * has_scenes_N).sum() /
+                               jnp.maximum(has_scenes_N.sum(), 1.0))
   metrics["binding_scenes"] = per_batch["binding_scenes"].sum().astype(jnp.float32)
   metrics["loss"] = metrics["concept_loss"] + metrics["object_loss"]
   return metrics
@@ -429,11 +430,11 @@ def eval_step(params, key, hyper, spec, scene_sharding=None):
   heldout_num_train = jnp.where(has_heldout, hyper.num_train, 0)
   heldout_key, train_key = jax.random.split(key)
   metrics = {}
-  for prefix, k, num_train, split in (("heldout", heldout_key, heldout_num_train, "test"),
-                                      ("train", train_key, hyper.num_train, "train")):
+  for prefix, k, num_train, split in ((results.HELDOUT, heldout_key, heldout_num_train, "test"),
+                                      (results.TRAIN, train_key, hyper.num_train, "train")):
     for name, value in _evaluate(params, k, hyper.permutation_O, num_train, spec, split,
                                  scene_sharding).items():
-      metrics[f"{prefix}/{name}"] = value
-  metrics["heldout/uses_training_objects"] = 1.0 - has_heldout.astype(jnp.float32)
+      metrics[results.metric(prefix, name)] = value
+  metrics[results.USES_TRAINING_OBJECTS] = 1.0 - has_heldout.astype(jnp.float32)
   return metrics
 

@@ -1,10 +1,13 @@
-"""Committed findings redraw: `bindjax report` on a findings folder's rows reproduces its table."""
+"""Committed findings redraw: `bindjax report` on a findings folder's rows reproduces its table,
+and `bindjax.results` names the fields of its rows, summary and binding table."""
 import glob
 import os
 
 import pytest
 
 from bindjax import report
+from bindjax import results
+from bindjax.complexity import replicas
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDERS = sorted(os.path.dirname(p) for p in glob.glob(
@@ -25,3 +28,39 @@ def test_findings_folder_redraws_its_table(folder, tmp_path):
   report.make_report(folder, out_dir=str(tmp_path), formats=("png",))
   with open(tmp_path / "critical_coverage.md") as f:
     assert f.read() == committed
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: os.path.relpath(p, REPO))
+def test_the_schema_names_the_committed_rows(folder, tmp_path):
+  coordinates = results.read_replicas(folder)
+  rows = results.read_rows(folder)
+  row = next(r for r in rows if r[results.KIND] == "eval")
+  assert [tuple(c) for c in coordinates] == [results.COORDINATES] * len(coordinates)
+  assert tuple(row)[:len(results.COORDINATES) + 2] == (
+      results.KIND, *results.COORDINATES, results.STEP)
+  assert results.COORDINATES == ("replica", "bucket", "C", "V", "K", "space_size", "coverage",
+                                 "seed", "learning_rate", "weight_decay", "model",
+                                 "num_train_objects")
+  k = row[results.MAX_OBJECTS]
+  generated = [results.USES_TRAINING_OBJECTS, *results.SUMMARY_METRICS]
+  for split in (results.HELDOUT, results.TRAIN):
+    generated.append(results.binding(split))
+    for count in (None, *range(1, k + 1)):
+      generated += [results.object_accuracy(split, count), results.concept_accuracy(split, count)]
+  assert set(generated) <= set(row)
+  assert results.object_accuracy(results.HELDOUT, k) == f"heldout/object_accuracy_{k}obj"
+  assert results.concept_accuracy(results.TRAIN, 1) == "train/concept_accuracy_1obj"
+  assert results.binding(results.TRAIN) == "train/binding"
+  assert results.SELECTION_METRIC == "heldout/object_accuracy"
+  assert (results.metric_value(row, report.BINDING_METRIC)
+          == row[f"heldout/object_accuracy_{k}obj"])
+  results.write_summary(str(tmp_path), rows, coordinates)
+  with open(os.path.join(folder, results.SUMMARY_FILE)) as f:
+    assert (tmp_path / results.SUMMARY_FILE).read_text() == f.read()
+
+
+def test_the_binding_columns_are_the_committed_tables():
+  with open(os.path.join(REPO, "docs", "findings", "binding_fits", "cpu", "results.csv")) as f:
+    header = f.readline().rstrip("\n").split(",")
+  assert header == list(replicas.CSV_COLUMNS)
+  assert replicas.ACCURACY_COLUMN == "heldout/object_accuracy_maxobj"

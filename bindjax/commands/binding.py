@@ -26,6 +26,7 @@ from absl import flags
 
 from bindjax import compilation_cache
 from bindjax import parallel
+from bindjax import results
 from bindjax.commands import flags as flags_lib
 
 
@@ -35,10 +36,9 @@ def main(argv):
                                  config_help="binding config (experiments/binding.py:ARG)")
   flags.DEFINE_string("workdir", None, "the `bindjax sweep` (or `bindjax train`) workdir to "
                       "read", flag_values=fv)
-  flags.DEFINE_enum("step", "final", ["final", "best"], "parameters and evaluation of each "
-                    "replica: the last, or at its best held-out object accuracy (selected on "
-                    "held-out objects)",
-                    flag_values=fv)
+  flags.DEFINE_enum("step", results.DEFAULT_STEP, list(results.STEPS), "parameters and "
+                    "evaluation of each replica: the last, or at its best held-out object "
+                    "accuracy (selected on held-out objects)", flag_values=fv)
   flags.DEFINE_string("out", None, "output directory (default WORKDIR/binding)", flag_values=fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
   flags_lib.define_overwrite(fv)

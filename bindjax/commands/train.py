@@ -13,19 +13,21 @@ diverged (non-finite loss or parameters). Examples:
 """
 import json
 
+from bindjax import results
 from bindjax.commands import flags as bj_flags
 from bindjax.commands import sweep as sweep_command
 
-SHOWN = ("step", "loss", "heldout/object_accuracy", "heldout/concept_accuracy",
-         "train/object_accuracy", "train/concept_accuracy", "heldout/uses_training_objects")
+SHOWN = (results.STEP, "loss", results.object_accuracy(results.HELDOUT),
+         results.concept_accuracy(results.HELDOUT), results.object_accuracy(results.TRAIN),
+         results.concept_accuracy(results.TRAIN), results.USES_TRAINING_OBJECTS)
 
 
 def main(argv):
   """Runs (or resumes) the training run; prints the final metrics as JSON. Returns 0."""
   _, final, _ = sweep_command.run(argv, single=True, description=__doc__)
-  if final.get("diverged"):
+  if final.get(results.DIVERGED):
     raise bj_flags.InputError(f"{argv[0]}: the run diverged: the update of step "
-                              f"{final['diverged_step']} was non-finite; its last finite state "
-                              "is checkpointed")
+                              f"{final[results.DIVERGED_STEP]} was non-finite; its last finite "
+                              "state is checkpointed")
   print(json.dumps({k: final[k] for k in SHOWN if k in final}, sort_keys=True))
   return 0

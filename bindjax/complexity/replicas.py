@@ -45,27 +45,22 @@ FIGURE_STEM = "binding_fits"
 EMBEDDINGS_DIR = "embeddings"
 STATUSES = ("fitted", "diverged", "not_evaluated")
 # The held-out figure the fits are compared with, and the fit quality on the x axis.
-ACCURACY_COLUMN = "heldout/object_accuracy_maxobj"
+ACCURACY_COLUMN = results.object_accuracy(results.HELDOUT, results.MAX_K)
 QUALITY_COLUMN = "final_test_only_r2"
 # Replica columns from the sweep: its coordinates, then metrics of its evaluation row.
-REPLICA_COLUMNS = ("replica", "bucket", "C", "V", "K", "space_size", "coverage", "seed",
-                   "learning_rate", "weight_decay", "model", "num_train_objects")
-# Row name -> the sweep's metric ("{K}": the replica's largest number of objects per scene).
-SWEEP_METRICS = {
-    "heldout/object_accuracy": results.SELECTION_METRIC,
-    ACCURACY_COLUMN: report.BINDING_METRIC,
-    "heldout/binding": "heldout/binding",
-    "heldout/concept_accuracy": report.CONCEPT_METRIC,
-    "train/object_accuracy_maxobj": "train/object_accuracy_{K}obj",
-    "train/binding": "train/binding",
-}
+REPLICA_COLUMNS = results.COORDINATES
+# Row name -> the sweep's metric: its name, with results.MAX_K for the replica's own K.
+SWEEP_METRICS = {metric.replace(results.ROW_K, results.MAX_K): metric for metric in (
+    results.SELECTION_METRIC, report.BINDING_METRIC, results.binding(results.HELDOUT),
+    report.CONCEPT_METRIC, results.object_accuracy(results.TRAIN, results.ROW_K),
+    results.binding(results.TRAIN))}
 # Fit columns of a complexity row kept per replica and family.
 FIT_COLUMNS = (
     "name", "family", "num_parameters", "steps", "restarts", "num_train_only_scenes",
     "num_test_only_scenes", "num_mixed_scenes", "final_train_loss", "best_test_r2",
     "best_test_object_acc", *[f"final_{m}_{k}" for k in ("r2", "object_acc", "concept_acc", "mse")
                               for m in data_lib.MASKS])
-CSV_COLUMNS = (*REPLICA_COLUMNS, "status", "step", "checkpoint", "diverged_step",
+CSV_COLUMNS = (*REPLICA_COLUMNS, "status", results.STEP, "checkpoint", results.DIVERGED_STEP,
                *SWEEP_METRICS, "fit_learning_rate", "fit_seed", *FIT_COLUMNS, "fit_diverged")
 
 
@@ -84,11 +79,11 @@ def replica_evaluations(workdir, step):
   if not rows:
     raise ValueError(f"workdir {workdir}: no result rows in {results.RESULTS_FILE}; run "
                      "`bindjax sweep` first")
-  chosen = {r["replica"]: r for r in results.select_evaluations(rows, step)}
-  diverged_at = {r["replica"]: r["diverged_step"] for r in rows if r.get("kind") == "diverged"}
+  chosen = {r[results.REPLICA]: r for r in results.select_evaluations(rows, step)}
+  diverged_at = results.diverged_steps(rows)
   out = {}
   for coordinates in results.read_replicas(workdir):
-    index = coordinates["replica"]
+    index = coordinates[results.REPLICA]
     row = chosen.get(index)
     if index in diverged_at:
       status = "diverged"
@@ -111,7 +106,7 @@ def _take(tree, positions):
 def _check_steps(loaded, positions, evaluations, step):
   for p in positions:
     replica = loaded.replicas[p]
-    row_step = evaluations[replica.index][1]["step"]
+    row_step = evaluations[replica.index][1][results.STEP]
     if int(loaded.steps[p]) != row_step:
       raise ValueError(
           f"replica {replica.index}: its {loaded.checkpoints[p]} parameters in the checkpoint are "
@@ -163,11 +158,10 @@ def fit_replicas(sets, models, fit_config, learning_rate, fit_seed, mesh=None,
 def replica_row(coordinates, status, evaluation, diverged_step):
   """The replica part of a result row: coordinates, status and its sweep metrics."""
   row = {k: coordinates.get(k) for k in REPLICA_COLUMNS}
-  row.update(status=status, diverged_step=diverged_step,
-             step=None if evaluation is None else evaluation["step"])
-  k = coordinates["K"]
+  row.update({"status": status, results.DIVERGED_STEP: diverged_step,
+              results.STEP: None if evaluation is None else evaluation[results.STEP]})
   for name, metric in SWEEP_METRICS.items():
-    row[name] = None if evaluation is None else evaluation.get(metric.replace("{K}", str(k)))
+    row[name] = None if evaluation is None else results.metric_value(evaluation, metric)
   return row
 
 
@@ -358,7 +352,7 @@ def _write(out, config, workdir, step, rows, table, timings, infos, saved, fit_c
             overwrite=True)
   figures = binding_fits.plot(rows, table, os.path.join(out, FIGURE_STEM), step,
                               ACCURACY_COLUMN, QUALITY_COLUMN)
-  counts = {s: len({r["replica"] for r in rows if r["status"] == s}) for s in STATUSES}
+  counts = {s: len({r[results.REPLICA] for r in rows if r["status"] == s}) for s in STATUSES}
   fit_s = sum(t["fit_s"] for t in timings)
   summary = {
       "workdir": workdir, "step": step, "config": config.to_dict(),

@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 import numpy as np  # noqa: E402
 
 from bindjax import files  # noqa: E402
+from bindjax import results  # noqa: E402
 
 # R² below this is drawn at it (hollow marker): a failed fit's R² can be any negative number,
 # and Spearman's ρ depends on ranks only.
@@ -22,12 +23,12 @@ def plot(rows, correlations, path_stem, step, accuracy_column, quality_column,
   fig, axes = plt.subplots(1, panels, figsize=(3.4 * panels, 3.3), sharey=True,
                            constrained_layout=True, squeeze=False)
   axes = axes[0]
-  sizes = sorted({r["space_size"] for r in rows if r["status"] == "fitted"})
+  sizes = sorted({r[results.SPACE_SIZE] for r in rows if r["status"] == "fitted"})
   colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   for ax, entry in zip(axes, correlations):
     for i, size in enumerate(sizes):
       fitted = [r for r in rows if r["status"] == "fitted" and r["name"] == entry["name"]
-                and r["space_size"] == size and r[quality_column] is not None
+                and r[results.SPACE_SIZE] == size and r[quality_column] is not None
                 and r[accuracy_column] is not None]
       x = np.array([r[quality_column] for r in fitted], float)
       y = np.array([r[accuracy_column] for r in fitted], float)

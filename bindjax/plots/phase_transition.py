@@ -11,13 +11,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend must be chosen first)
 
 from bindjax import files  # noqa: E402
+from bindjax import results  # noqa: E402
 
 PANELS = (
-    ("heldout/object_accuracy_{K}obj", "held-out objects: accuracy, most-object scenes"),
-    ("heldout/binding", "held-out objects: binding score"),
-    ("train/object_accuracy_{K}obj", "training objects: accuracy, most-object scenes"),
-    ("train/binding", "training objects: binding score"),
-    ("heldout/object_accuracy_1obj", "held-out objects: accuracy, 1-object scenes"),
+    (results.object_accuracy(results.HELDOUT, results.ROW_K),
+     "held-out objects: accuracy, most-object scenes"),
+    (results.binding(results.HELDOUT), "held-out objects: binding score"),
+    (results.object_accuracy(results.TRAIN, results.ROW_K),
+     "training objects: accuracy, most-object scenes"),
+    (results.binding(results.TRAIN), "training objects: binding score"),
+    (results.object_accuracy(results.HELDOUT, 1), "held-out objects: accuracy, 1-object scenes"),
 )
 
 
@@ -80,9 +83,9 @@ def plot_scaling_law(critical, laws, path_stem, title=None, formats=("png", "pdf
   best scaling law with its band when `laws` holds one. Returns the written paths."""
   fig, ax = plt.subplots(figsize=(4.6, 3.6), constrained_layout=True)
   markers = {2: "o", 3: "s", 4: "^"}
-  for c in sorted({r["C"] for r in critical}):
-    rows = [r for r in critical if r["C"] == c]
-    n = np.array([r["space_size"] for r in rows], dtype=float)
+  for c in sorted({r[results.NUM_CONCEPTS] for r in critical}):
+    rows = [r for r in critical if r[results.NUM_CONCEPTS] == c]
+    n = np.array([r[results.SPACE_SIZE] for r in rows], dtype=float)
     rho = np.array([r["rho_star"] for r in rows])
     low = np.array([r["rho_star"] - r["interval"][0] if r["interval"] else 0 for r in rows])
     high = np.array([r["interval"][1] - r["rho_star"] if r["interval"] else 0 for r in rows])

@@ -23,6 +23,7 @@ import time
 
 from bindjax import files
 from bindjax import parallel
+from bindjax import results
 from bindjax.commands import flags as bj_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,16 +61,16 @@ def make_config(args):
 
 def learning_times(rows, target):
   """Per (|O|, model): steps to reach `target` train/binding (seed mean), final values."""
+  binding, accuracy = results.binding(results.TRAIN), results.object_accuracy(results.TRAIN, 2)
   curves = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in rows:
-    if row.get("kind") == "eval" and row.get("train/binding") is not None:
-      curves[(row["space_size"], row["model"])][row["step"]].append(row)
+    if row.get(results.KIND) == "eval" and row.get(binding) is not None:
+      curves[(row[results.SPACE_SIZE], row[results.MODEL])][row[results.STEP]].append(row)
   table = []
   for (size, model), by_step in sorted(curves.items()):
     steps = sorted(by_step)
-    mean = {s: sum(r["train/binding"] for r in by_step[s]) / len(by_step[s]) for s in steps}
-    acc2 = {s: sum(r["train/object_accuracy_2obj"] for r in by_step[s]) / len(by_step[s])
-            for s in steps}
+    mean = {s: sum(r[binding] for r in by_step[s]) / len(by_step[s]) for s in steps}
+    acc2 = {s: sum(r[accuracy] for r in by_step[s]) / len(by_step[s]) for s in steps}
     reached = [s for s in steps if mean[s] >= target]
     table.append({"space_size": size, "model": model, "seeds": len(by_step[steps[-1]]),
                   "steps_to_target": reached[0] if reached else None,
@@ -148,7 +149,6 @@ def main():
   config = make_config(args)
   parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
   import jax
-  from bindjax import results
   from bindjax import sweep
 
   load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
