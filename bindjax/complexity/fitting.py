@@ -211,8 +211,9 @@ def _train_one(point, state, rows_T, valid_T, first_step, num_steps, data, model
   The loss is the mean squared error in the fit's target units (see `_target_stats`) plus the
   decaying weight-decay penalty; the returned loss is the error alone."""
   values_TxKxC = data.values_NxKxC[rows_T]
-  mean_D, spread = _target_stats(data.targets_NxD[rows_T], valid_T, config)
-  targets_TxD = (data.targets_NxD[rows_T] - mean_D) / spread
+  raw_TxD = data.targets_NxD[rows_T]
+  mean_D, spread = _target_stats(raw_TxD, valid_T, config)
+  targets_TxD = (raw_TxD - mean_D) / spread
   adam = optax.scale_by_adam()
   decay = config.decay_for(model.family)
 
