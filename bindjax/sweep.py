@@ -304,7 +304,11 @@ def estimate_step_bytes(spec):
   return int(4 * 2 * max(floats, eval_floats))
 
 
-_PROGRAM_CACHE = {}
+# Bounded: every compiled program holds its machine code in memory maps of its own, and a
+# long-lived process (a notebook, the test suite) that compiled programs without end ran out of
+# the kernel's per-process map limit and crashed inside the next compile.
+_PROGRAM_CACHE = collections.OrderedDict()
+_PROGRAM_CACHE_SIZE = 16
 
 
 def compile_bucket(spec, mesh, hyper, chunk_setting=parallel.AUTO,
@@ -315,7 +319,8 @@ def compile_bucket(spec, mesh, hyper, chunk_setting=parallel.AUTO,
   chunk_setting (`parallel.chunk_setting`): None = all replicas at once, n = n replicas at a
   time (over all devices), "auto" = from the compiled program's memory analysis (or
   `estimate_step_bytes`) against the device memory and, on CPU, each core's share of the
-  last-level cache. Compiled programs are cached per (spec, mesh, replicas, chunk).
+  last-level cache. The last 16 compiled programs are cached per (spec, mesh, replicas,
+  chunk).
   fast_compile: compile with xla_options.FAST_COMPILE_OPTIONS. Every program gets
   `xla_options.compiler_options` for the mesh's platform.
   keep_best: the state carries each replica's best parameters (`init_bucket_state`); eval
@@ -331,7 +336,9 @@ def compile_bucket(spec, mesh, hyper, chunk_setting=parallel.AUTO,
 def _compiled(spec, mesh, hyper, chunk, options, keep_best):
   size = hyper.num_train.shape[0]
   key = (spec, mesh, size, chunk, tuple(sorted((options or {}).items())), keep_best)
-  if key not in _PROGRAM_CACHE:
+  if key in _PROGRAM_CACHE:
+    _PROGRAM_CACHE.move_to_end(key)
+  else:
     init_fn, step_fn, eval_fn = _bucket_functions(spec, mesh, chunk, keep_best)
     abstract_state = abstract_bucket_state(spec, mesh, hyper, keep_best)
     step_scalar = jax.ShapeDtypeStruct((), jnp.int32,
@@ -343,6 +350,8 @@ def _compiled(spec, mesh, hyper, chunk, options, keep_best):
           init_fn.lower(hyper).compile(options),
           step_fn.lower(abstract_state, hyper).compile(options),
           eval_fn.lower(abstract_state, hyper, step_scalar).compile(options))
+    while len(_PROGRAM_CACHE) > _PROGRAM_CACHE_SIZE:
+      _PROGRAM_CACHE.popitem(last=False)
   return _PROGRAM_CACHE[key]
 
 
