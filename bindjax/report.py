@@ -213,14 +213,18 @@ def critical_coverages(series, level=LEVEL):
   return table
 
 
-def fit_scaling_laws(space_sizes, rho_stars):
+def fit_scaling_laws(space_sizes, rho_stars, num_concepts=None):
   """Fits ρ* = a·|O|^b (log-log) and ρ* = a + b·log10|O|; None with fewer than 3 sizes.
 
   Returns {"power_law": {"a", "b", "r2", "curve"}, "log_linear": {…}, "best": name}; "curve"
-  ({"space_size", "rho_star"}) is the law over a log grid that spans the sizes.
+  ({"space_size", "rho_star"}) is the law over a log grid that spans the sizes. Given
+  `num_concepts` (C of every size) with more than one C, also "concept_log_linear":
+  ρ* = a + b·log10|O| + c·C (`fit_concept_law`), which asks whether C moves ρ* beyond what
+  |O| = V^C says; it never competes for "best" (with three sizes it passes through them all).
   """
   n = np.asarray(space_sizes, dtype=float)
   rho = np.asarray(rho_stars, dtype=float)
+  concepts = None if num_concepts is None else np.asarray(num_concepts, dtype=float)
   keep = np.isfinite(rho) & (rho > 0) & (n > 0)
   n, rho = n[keep], rho[keep]
   if np.unique(n).size < 3:
@@ -235,7 +239,43 @@ def fit_scaling_laws(space_sizes, rho_stars):
                             "rho_star": _law_value(name, a, b, grid).tolist()}}
   laws["best"] = max(("power_law", "log_linear"), key=lambda k: laws[k]["r2"])
   laws["num_points"] = int(n.size)
+  if concepts is not None:
+    concept_law = fit_concept_law(n, concepts[keep], rho)
+    if concept_law:
+      laws["concept_log_linear"] = concept_law
   return laws
+
+
+def fit_concept_law(space_sizes, num_concepts, rho_stars):
+  """Fits ρ* = a + b·log10|O| + c·C by least squares; None unless C varies and a, b, c are
+  determined (a full-rank design: at least two sizes at one C, or three points in general).
+
+  Returns {"formula", "a", "b", "c", "residual_dof", "r2", "curves": {C: {"space_size",
+  "rho_star"}}}; residual_dof 0 means the law passes through every point, and only the points'
+  own intervals (`scaling_law_intervals`) say how well c is known.
+  """
+  n = np.asarray(space_sizes, dtype=float)
+  concepts = np.asarray(num_concepts, dtype=float)
+  rho = np.asarray(rho_stars, dtype=float)
+  design = _concept_design(n, concepts)
+  if np.unique(concepts).size < 2 or np.linalg.matrix_rank(design) < 3:
+    return None
+  a, b, c = _concept_parameters(design, rho)
+  grid = _law_grid(n)
+  return {"formula": "rho* = a + b * log10|O| + c * C", "a": a, "b": b, "c": c,
+          "residual_dof": int(n.size - 3), "r2": _r2(rho, design @ np.array([a, b, c])),
+          "curves": {str(int(k)): {"space_size": grid.tolist(),
+                                   "rho_star": (a + b * np.log10(grid) + c * k).tolist()}
+                     for k in np.unique(concepts)}}
+
+
+def _concept_design(n, concepts):
+  return np.stack([np.ones_like(n), np.log10(n), concepts], axis=1)
+
+
+def _concept_parameters(design, rho):
+  a, b, c = np.linalg.lstsq(design, rho, rcond=None)[0]
+  return float(a), float(b), float(c)
 
 
 def _law_parameters(n, rho):
@@ -256,12 +296,13 @@ def _law_value(name, a, b, n):
 
 
 def scaling_law_intervals(rows, laws, num_draws=1000, seed=0, level=LEVEL):
-  """Intervals of both laws' a and b, and a band of ρ*(|O|), from draws of every size's ρ*.
+  """Intervals of the laws' parameters, and a band of ρ*(|O|), from draws of every size's ρ*.
 
   Each draw replaces every size's ρ* by ρ* + se·t (t Student-distributed with that size's seeds
-  − 1 degrees of freedom, the distribution its interval comes from) and refits both laws. Adds
-  "a_interval", "b_interval" and "band" ({"space_size", "low", "high"} over a log grid) to each
-  law of `laws` in place; returns `laws`. Nothing is added when a size has no interval.
+  − 1 degrees of freedom, the distribution its interval comes from) and refits the laws. Adds
+  "a_interval", "b_interval" and "band" ({"space_size", "low", "high"} over a log grid) to both
+  size laws of `laws` in place, and "a_interval", "b_interval", "c_interval" to its
+  "concept_log_linear"; returns `laws`. Nothing is added when a size has no interval.
   """
   if not laws or any(r["standard_error"] is None for r in rows):
     return laws
@@ -283,6 +324,11 @@ def scaling_law_intervals(rows, laws, num_draws=1000, seed=0, level=LEVEL):
     low, high = np.percentile(curves, q, axis=0)
     laws[name]["band"] = {"space_size": grid.tolist(), "low": low.tolist(),
                           "high": high.tolist()}
+  if "concept_log_linear" in laws:
+    design = _concept_design(n, np.array([r[results.NUM_CONCEPTS] for r in rows], dtype=float))
+    abc = np.array([_concept_parameters(design, d) for d in draws])
+    for i, name in enumerate("abc"):
+      laws["concept_log_linear"][f"{name}_interval"] = np.percentile(abc[:, i], q).tolist()
   laws["num_draws"] = int(draws.shape[0])
   return laws
 
@@ -363,6 +409,14 @@ def _law_lines(laws):
       a += " [{:.4g}, {:.4g}]".format(*law["a_interval"])
       b += " [{:.4g}, {:.4g}]".format(*law["b_interval"])
     lines.append(f"- {name}: `{law['formula']}`, a = {a}, b = {b}, R² = {law['r2']:.3f}")
+  if "concept_log_linear" in laws:
+    law = laws["concept_log_linear"]
+    values = [f"{k} = {law[k]:.4g}" + (" [{:.4g}, {:.4g}]".format(*law[f"{k}_interval"])
+                                      if f"{k}_interval" in law else "") for k in "abc"]
+    fit = ("passes through every point" if law["residual_dof"] == 0 else
+           f"R² = {law['r2']:.3f}, {law['residual_dof']} residual degrees of freedom")
+    lines.append(f"- concept_log_linear: `{law['formula']}`, {', '.join(values)} ({fit}); "
+                 "c ≠ 0 means C moves ρ* beyond |O| = V^C")
   if "num_draws" in laws:
     lines += ["", f"Intervals: {LEVEL:.0%} of {laws['num_draws']} refits with every size's ρ* "
               "drawn from its own t distribution."]
@@ -431,7 +485,8 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   laws = None
   if len({r[results.SPACE_SIZE] for r in fitted}) == len(fitted):
     laws = fit_scaling_laws([r[results.SPACE_SIZE] for r in fitted],
-                            [r["rho_star"] for r in fitted])
+                            [r["rho_star"] for r in fitted],
+                            [r[results.NUM_CONCEPTS] for r in fitted])
     laws = scaling_law_intervals(fitted, laws, num_draws)
   out_dir = out_dir or os.path.join(workdirs[0], results.REPORT_DIR)
   os.makedirs(out_dir, exist_ok=True)

@@ -59,6 +59,30 @@ def test_scaling_laws():
   assert abs(laws["power_law"]["b"] + 0.1) < 1e-6 and abs(laws["power_law"]["a"] - 0.9) < 1e-6
   assert laws["best"] == "power_law" and laws["power_law"]["r2"] > 0.999
   assert report.fit_scaling_laws([400, 2500], [0.5, 0.3]) is None
+  assert "concept_log_linear" not in report.fit_scaling_laws(sizes, [0.5, 0.4, 0.3], [2, 2, 2])
+
+
+def test_concept_law_separates_concepts_from_size():
+  # Planted: ρ* = 1.2 − 0.25·log10|O| + 0.05·C, at two C = 2 sizes and two C = 3 sizes.
+  sizes = np.array([100, 144, 125, 216])
+  concepts = np.array([2, 2, 3, 3])
+  rho = 1.2 - 0.25 * np.log10(sizes) + 0.05 * concepts
+  law = report.fit_scaling_laws(sizes, rho, concepts)["concept_log_linear"]
+  assert np.allclose([law["a"], law["b"], law["c"]], [1.2, -0.25, 0.05])
+  assert law["residual_dof"] == 1 and law["r2"] > 0.999
+  assert set(law["curves"]) == {"2", "3"}
+  # One C only, or C that only ever comes with one size, leaves c undetermined.
+  assert report.fit_concept_law(sizes[:2], concepts[:2], rho[:2]) is None
+  assert report.fit_concept_law([100, 125], [2, 3], [0.8, 0.6]) is None
+  # Intervals come from the points' own: a tight point interval gives a tight c around 0.05,
+  # a wide one an interval that holds 0 as well.
+  for se, holds_zero in ((0.002, False), (0.1, True)):
+    rows = [{"space_size": n, "C": c, "rho_star": r, "standard_error": se, "num_seeds": 4}
+            for n, c, r in zip(sizes, concepts, rho)]
+    laws = report.scaling_law_intervals(rows, report.fit_scaling_laws(sizes, rho, concepts),
+                                        num_draws=400)
+    low, high = laws["concept_log_linear"]["c_interval"]
+    assert low < 0.05 < high and (low < 0 < high) == holds_zero, (se, low, high)
 
 
 def test_select_best_and_final():

@@ -79,8 +79,9 @@ def plot(series, critical, path_stem, step="final", formats=("png", "pdf"),
 
 
 def plot_scaling_law(critical, laws, path_stem, title=None, formats=("png", "pdf")):
-  """ρ* with its interval against |O| (log axis; marker per number of concepts C), and the
-  best scaling law with its band when `laws` holds one. Returns the written paths."""
+  """ρ* with its interval against |O| (log axis; marker per number of concepts C), the best
+  scaling law with its band when `laws` holds one, and the law with a term in C (dashed, one
+  line per C) when it has that. Returns the written paths."""
   fig, ax = plt.subplots(figsize=(4.6, 3.6), constrained_layout=True)
   markers = {2: "o", 3: "s", 4: "^"}
   for c in sorted({r[results.NUM_CONCEPTS] for r in critical}):
@@ -99,6 +100,11 @@ def plot_scaling_law(critical, laws, path_stem, title=None, formats=("png", "pdf
                       alpha=0.2, linewidth=0)
     ax.plot(law["curve"]["space_size"], law["curve"]["rho_star"], color="tab:orange",
             label=f"{law['formula']}, b = {law['b']:.3g}")
+    concept_law = laws.get("concept_log_linear")
+    for c, curve in (concept_law or {}).get("curves", {}).items():
+      ax.plot(curve["space_size"], curve["rho_star"], linestyle="--", linewidth=0.9,
+              color="k" if c == "2" else "tab:blue",
+              label=f"a + b·log10|O| + c·C at C = {c} (c = {concept_law['c']:.3g})")
   ax.set_xscale("log")
   ax.set_xlabel("object-space size |O|")
   ax.set_ylabel("critical coverage ρ*")
