@@ -16,8 +16,9 @@ compiles it (--fast_compile: the smoke preset's cheaper compiles of slower code)
 --repeats rounds runs both sides back to back, alternating which goes first, so the drift of a
 shared machine hits both alike; a round's speedup is its k-step rate over its one-step rate. A
 run is timed from the end of its compile (the bucket's "compiled in" line) to the end of
-`run_sweep`: training, rows, the evaluation and the checkpoint. Every run of both sides must
-write the same results.jsonl (its SHA-256 in sweep_done.json), which the JSON records.
+`run_sweep`: training, rows, the evaluations and the checkpoint; each worker first makes one
+untimed run, which compiles (its seconds are recorded). Every run of both sides should write the
+same results.jsonl (its SHA-256 is in sweep_done.json); `identical_results` says whether they did.
 
 Writes experiments/benchmarks/results/steps_per_dispatch.{json,md} (--out to change the stem).
 """
@@ -81,9 +82,10 @@ def serve(args):
 
 
 class Worker:
-  """A worker process importing bindjax from `tree`."""
+  """A worker process importing bindjax from `tree`, warmed up by one untimed run in
+  `workdir` (its compile included)."""
 
-  def __init__(self, args, tree):
+  def __init__(self, args, tree, workdir):
     command = [sys.executable, os.path.abspath(__file__), "--part=worker",
                f"--model={args.model}", f"--steps={args.steps}"]
     command += ["--fast_compile"] if args.fast_compile else []
@@ -91,9 +93,12 @@ class Worker:
         [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True)
-    self.bindjax = self.reply()["bindjax"]
+    imported = self.reply()["bindjax"]
+    if not os.path.samefile(imported, tree):
+      raise RuntimeError(f"the worker for {tree} imported bindjax from {imported}")
     self.commit = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
                                  capture_output=True, text=True).stdout.strip()
+    self.warm_up = self.run(workdir)
 
   def reply(self):
     line = self.process.stdout.readline()
@@ -124,9 +129,9 @@ def compare(args):
   runs = {name: [] for name in sides}
   load = [os.getloadavg()]
   try:
-    for name, (tree, _) in sides.items():
-      workers[name] = Worker(args, tree)
     with tempfile.TemporaryDirectory() as scratch:
+      for name, (tree, _) in sides.items():
+        workers[name] = Worker(args, tree, os.path.join(scratch, f"warm_up_{name[0]}"))
       for round_index in range(args.repeats):
         order = list(sides) if round_index % 2 == 0 else list(sides)[::-1]
         for name in order:
@@ -138,16 +143,16 @@ def compare(args):
       worker.close()
   rates = {name: [replicas * args.steps / r["train_s"] for r in runs[name]] for name in sides}
   speedups = [k / one for k, one in zip(rates[K_STEPS], rates[ONE_STEP])]
-  digests = {r["results_sha256"] for name in sides for r in runs[name]}
+  digests = {r["results_sha256"] for name in sides
+             for r in runs[name] + [workers[name].warm_up]}
   result = {
       "model": args.model, "replicas": replicas, "steps": args.steps,
       "cadence": {"log_every": LOG_EVERY, "eval_every": EVAL_EVERY,
                   "checkpoint_every": CHECKPOINT_EVERY},
       "fast_compile": args.fast_compile, "repeats": args.repeats,
-      "sides": {name: {"bindjax": workers[name].bindjax, "commit": workers[name].commit,
-                       "dispatches": dispatches,
+      "sides": {name: {"commit": workers[name].commit, "dispatches": dispatches,
                        "replica_steps_per_s": _stats(rates[name]),
-                       "compile_s": runs[name][0]["compile_s"], "runs": runs[name]}
+                       "compile_s": workers[name].warm_up["compile_s"], "runs": runs[name]}
                 for name, (_, dispatches) in sides.items()},
       "speedup": _stats(speedups), "identical_results": len(digests) == 1,
       "load_average": {"start": load[0], "after_each_round": load[1:]},
@@ -176,7 +181,7 @@ def main(argv=None):
   parser.add_argument("--baseline", help="a checkout of the one-step-per-dispatch code")
   parser.add_argument("--model", choices=["smoke", "tiny"], default="smoke")
   parser.add_argument("--steps", type=int, default=1000)
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--fast_compile", action="store_true")
   parser.add_argument("--out", default=None, help="output stem (default results/<name>)")
   parser.add_argument("--part", choices=["all", "worker"], default="all",
