@@ -1,4 +1,4 @@
-"""Steps per dispatch: a dispatch-bound sweep trained one step per dispatch and k steps per
+"""Steps per dispatch: a small-model sweep trained one step per dispatch and k steps per
 dispatch, side by side.
 
   git worktree add /tmp/bindjax_baseline ebad923   # the last commit with one step per dispatch
