@@ -6,8 +6,8 @@ that also split a batch. Both axes are `AxisType.Auto`, so eager indexing of sha
 works and the compiler places everything else. No pmap.
 
 Multi-host: every process builds the same host arrays (the grid is deterministic) and
-`shard_replicas` hands each device its own rows; `to_host` gathers results on every process;
-only process 0 writes files (`is_writer`, then `bindjax.files`).
+`shard_replicas` hands each device its own rows; `to_host` and `gather_to_host` gather results
+on every process; only process 0 writes files (`is_writer`, then `bindjax.files`).
 """
 import functools
 import logging
@@ -190,6 +190,32 @@ def to_host(tree):
     return np.asarray(x)
 
   return jax.tree_util.tree_map(gather, tree)
+
+
+def gather_to_host(tree, mesh):
+  """Numpy copy of `tree` (arrays on `mesh` sharing a leading axis, all of 32-bit dtypes),
+  identical on every process, through one replicated gather whatever the number of leaves
+  (`to_host` makes one per leaf across processes): the leaves are packed bit for bit into one
+  array, gathered onto every device, and each process reads its own copy."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  if any(np.dtype(x.dtype).itemsize != 4 for x in leaves):
+    raise ValueError(f"gather_to_host: expected 32-bit leaves, got "
+                     f"{sorted({str(x.dtype) for x in leaves})}")
+  packed_RxM = np.asarray(_pack(leaves, replicated_sharding(mesh)).addressable_data(0))
+  out, offset = [], 0
+  for x in leaves:
+    width = int(np.prod(x.shape[1:]))
+    columns = np.ascontiguousarray(packed_RxM[:, offset:offset + width])
+    out.append(columns.view(x.dtype).reshape(x.shape))
+    offset += width
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _pack(leaves, sharding):
+  # Joined along the unsharded axis, so the only collective is the gather of the result.
+  columns = [jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(x.shape[0], -1) for x in leaves]
+  return jax.lax.with_sharding_constraint(jnp.concatenate(columns, axis=1), sharding)
 
 
 def chunked_vmap(fn, chunk_size=None, num_shards=1, in_axes=0, spmd_axis_name=None):

@@ -13,10 +13,13 @@
 comma list or a single value is enough: --config.grid.seeds=0,1,2.)
 
 The grid expands to replicas (product, in that order). Replicas whose static settings
-(`train.RunSpec`: space, model, batch) agree form a *bucket*; each bucket runs as ONE
-jit(vmap(train_step)) over a leading replica axis, sharded along the mesh's "replica" axis,
-padded to a multiple of the shard count. Coverage, seed, learning rate and weight decay are
-per-replica arrays (a permutation table plus a count), so they never recompile.
+(`train.RunSpec`: space, model, batch) agree form a *bucket*; each bucket trains in ONE jitted
+program, vmap(train_step) over a leading replica axis in a loop of as many steps as it is asked
+for, sharded along the mesh's "replica" axis, padded to a multiple of the shard count. One
+dispatch runs every step up to the next one whose rows are written (`dispatch_ends`), so a long
+stretch between logged steps costs one dispatch, and the rows do not depend on it. Coverage,
+seed, learning rate and weight decay are per-replica arrays (a permutation table plus a count),
+so they never recompile.
 
 A config without a grid (experiments/train.py) runs as a sweep of one replica
 (`single_run_config`); that is `bindjax train`. The workdir layout, result rows and best/final
@@ -213,6 +216,9 @@ def _replica_step(spec, scene_sharding=None):
 
   def step(state, hyper, alive, diverged_step):
     new_state, metrics = train.train_step(state, hyper, spec, scene_sharding)
+    # The norm, not a test of each parameter: parameters whose sum of squares overflows count as
+    # diverged (at learning rate 1e38 the first update leaves them finite, near 1e38, and the
+    # run is reported diverged at step 1), and results keep that definition.
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(optax.tree.norm(new_state.params))
     ok = alive & finite
     new_state = jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new_state, state)
@@ -225,7 +231,11 @@ def _replica_step(spec, scene_sharding=None):
 
 
 def _bucket_functions(spec, mesh, chunk_size, keep_best):
-  """(init, step, eval) of a whole bucket: vmapped (chunked) over replicas, jitted on the mesh."""
+  """(init, run, eval) of a whole bucket: vmapped (chunked) over replicas, jitted on the mesh.
+
+  run(sweep_state, hyper, num_steps) takes `num_steps` train steps in one dispatch and returns
+  the metrics of the last one.
+  """
   shards = parallel.num_replica_shards(mesh)
   sharding = parallel.replica_sharding(mesh)
   # With a "data" axis, each replica's scenes are split over its data devices.
@@ -241,6 +251,14 @@ def _bucket_functions(spec, mesh, chunk_size, keep_best):
         sweep_state["train"], hyper, sweep_state["alive"], sweep_state["diverged_step"])
     return dict(sweep_state, train=state, alive=alive, diverged_step=diverged_step), metrics
 
+  def bucket_run(sweep_state, hyper, num_steps):
+    # A traced trip count (a while loop): one program for every number of steps, where a scan
+    # of fixed length would need a second program for the remainders; the step compiles once.
+    metrics = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                           jax.eval_shape(bucket_step, sweep_state, hyper)[1])
+    return jax.lax.fori_loop(0, num_steps, lambda _, carry: bucket_step(carry[0], hyper),
+                             (sweep_state, metrics))
+
   def bucket_eval(sweep_state, hyper, step):
     def one(p, h):
       return train.eval_step(p, train.eval_key(h.key, step), h, spec, scene_sharding)
@@ -253,7 +271,7 @@ def _bucket_functions(spec, mesh, chunk_size, keep_best):
     return sweep_state, metrics
 
   return (jax.jit(bucket_init, out_shardings=sharding),
-          jax.jit(bucket_step, out_shardings=sharding, donate_argnums=0),
+          jax.jit(bucket_run, out_shardings=sharding, donate_argnums=0),
           jax.jit(bucket_eval, out_shardings=sharding, donate_argnums=0))
 
 
@@ -314,7 +332,11 @@ _PROGRAM_CACHE_SIZE = 16
 def compile_bucket(spec, mesh, hyper, chunk_setting=parallel.AUTO,
                    memory_fraction=parallel.DEFAULT_MEMORY_FRACTION, log=print,
                    fast_compile=False, keep_best=False):
-  """Compiled (init, step, eval, chunk_size) for a bucket's sharded stacked `hyper`.
+  """Compiled (init, run, eval, chunk_size) for a bucket's sharded stacked `hyper`.
+
+  run(state, hyper, global_scalar(n, mesh)) takes n train steps in one dispatch (one program
+  for every n) and returns the state and the metrics of the last step; eval(state, hyper,
+  global_scalar(step, mesh)) evaluates the state after `step` steps.
 
   chunk_setting (`parallel.chunk_setting`): None = all replicas at once, n = n replicas at a
   time (over all devices), "auto" = from the compiled program's memory analysis (or
@@ -339,17 +361,16 @@ def _compiled(spec, mesh, hyper, chunk, options, keep_best):
   if key in _PROGRAM_CACHE:
     _PROGRAM_CACHE.move_to_end(key)
   else:
-    init_fn, step_fn, eval_fn = _bucket_functions(spec, mesh, chunk, keep_best)
+    init_fn, run_fn, eval_fn = _bucket_functions(spec, mesh, chunk, keep_best)
     abstract_state = abstract_bucket_state(spec, mesh, hyper, keep_best)
-    step_scalar = jax.ShapeDtypeStruct((), jnp.int32,
-                                       sharding=parallel.replicated_sharding(mesh))
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=parallel.replicated_sharding(mesh))
     # Sharding must never change the random numbers a replica sees; set for these programs
     # only, so importing bindjax changes no global JAX setting.
     with jax.threefry_partitionable(True):
       _PROGRAM_CACHE[key] = (
           init_fn.lower(hyper).compile(options),
-          step_fn.lower(abstract_state, hyper).compile(options),
-          eval_fn.lower(abstract_state, hyper, step_scalar).compile(options))
+          run_fn.lower(abstract_state, hyper, scalar).compile(options),
+          eval_fn.lower(abstract_state, hyper, scalar).compile(options))
     while len(_PROGRAM_CACHE) > _PROGRAM_CACHE_SIZE:
       _PROGRAM_CACHE.popitem(last=False)
   return _PROGRAM_CACHE[key]
@@ -396,8 +417,8 @@ def _auto_chunk(spec, mesh, hyper, memory_fraction, log, options, keep_best):
   shards = parallel.num_replica_shards(mesh)
   per_device = size // shards
   # The unchunked program is compiled anyway when it fits, so measuring it costs nothing then.
-  _, step, _ = _compiled(spec, mesh, hyper, None, options, keep_best)
-  memory = parallel.compiled_memory_bytes(step)
+  _, run, _ = _compiled(spec, mesh, hyper, None, options, keep_best)
+  memory = parallel.compiled_memory_bytes(run)
   temp, fixed = memory if memory else (0, 0)
   per_replica = temp / per_device if temp else estimate_step_bytes(spec)
   chunk = parallel.choose_chunk_size(per_replica, per_device, fixed_bytes=fixed,
@@ -419,7 +440,9 @@ def _auto_chunk(spec, mesh, hyper, memory_fraction, log, options, keep_best):
   return chunk
 
 
-def _global_scalar(value, mesh):
+def global_scalar(value, mesh):
+  """`value` as the int32 scalar, replicated on `mesh`, that the bucket programs take (the
+  number of steps of run, the step of eval)."""
   x = np.asarray(value, np.int32)
   return jax.make_array_from_callback((), parallel.replicated_sharding(mesh), lambda _: x)
 
@@ -815,6 +838,31 @@ def run_single(config, workdir, *, overwrite=False, progress=True, log=print):
   return out
 
 
+def is_checkpoint_step(spec, checkpoint_every, step):
+  """Whether a bucket saves a checkpoint after `step` steps (every checkpoint_every, the last)."""
+  return step % checkpoint_every == 0 or step == spec.num_steps
+
+
+def is_logged_step(spec, log_every, checkpoint_every, step):
+  """Whether a bucket writes rows after `step` steps (evaluations, checkpoints, log_every)."""
+  return (step % spec.eval_every == 0 or step % log_every == 0
+          or is_checkpoint_step(spec, checkpoint_every, step))
+
+
+def dispatch_ends(spec, log_every, checkpoint_every, start=0):
+  """The steps after `start` at which the sweep loop's dispatches of a bucket end: every step
+  that writes rows, and the step after one whose rows are written during the next dispatch
+  (any but a checkpoint's), since the bucket stops there when they show every replica diverged.
+  The steps in between run on the device in one dispatch, so k follows the cadence alone.
+  """
+  def waits(step):
+    return (step > start and is_logged_step(spec, log_every, checkpoint_every, step)
+            and not is_checkpoint_step(spec, checkpoint_every, step))
+
+  return [step for step in range(start + 1, spec.num_steps + 1)
+          if is_logged_step(spec, log_every, checkpoint_every, step) or waits(step - 1)]
+
+
 @dataclasses.dataclass
 class _Loop:
   """The settings and running state the buckets of one sweep share."""
@@ -831,10 +879,8 @@ class _Loop:
   compile_seconds: float = 0.0
 
   def is_logged(self, bucket):
-    """Whether the bucket writes rows at a step (evaluations, checkpoints, log_every)."""
-    spec = bucket.spec
-    return lambda done: (done % spec.eval_every == 0 or done % self.checkpoint_every == 0
-                         or done % self.log_every == 0 or done == spec.num_steps)
+    """Whether the bucket writes rows at a step (`is_logged_step`)."""
+    return functools.partial(is_logged_step, bucket.spec, self.log_every, self.checkpoint_every)
 
   @staticmethod
   def complete(bucket, latest):
@@ -877,7 +923,7 @@ class _Loop:
     spec, mesh = bucket.spec, self.mesh
     hyper, valid = self._hyper(bucket)
     t0 = time.perf_counter()
-    init_fn, step_fn, eval_fn, chunk = compile_bucket(
+    init_fn, run_fn, eval_fn, chunk = compile_bucket(
         spec, mesh, hyper, self.chunk_setting, self.memory_fraction, self.log,
         self.fast_compile, self.keep_best)
     seconds = time.perf_counter() - t0
@@ -902,9 +948,9 @@ class _Loop:
       """Writes the pending rows; returns whether every replica of the bucket has diverged."""
       if not pending:
         return False
-      for step, train_metrics, eval_metrics in pending:
-        train_host = parallel.to_host(train_metrics)
-        eval_host = parallel.to_host(eval_metrics) if eval_metrics is not None else None
+      host = parallel.gather_to_host([(train, evaluation) for _, train, evaluation in pending],
+                                     mesh)
+      for (step, _, _), (train_host, eval_host) in zip(pending, host):
         self.results.add(bucket, step, train_host, eval_host)
         if eval_host is not None:
           alive = train_host["diverged_step"][:len(bucket.replicas)] < 0
@@ -916,15 +962,15 @@ class _Loop:
       return self.results.all_diverged(bucket)
 
     num_steps = spec.num_steps
-    for step in range(start, num_steps):
-      done = step + 1
-      state, train_metrics = step_fn(state, hyper)
+    step = start
+    for done in dispatch_ends(spec, self.log_every, self.checkpoint_every, start):
+      state, train_metrics = run_fn(state, hyper, global_scalar(done - step, mesh))
       is_eval = done % spec.eval_every == 0 or done == num_steps
-      is_checkpoint = done % self.checkpoint_every == 0 or done == num_steps
+      is_checkpoint = is_checkpoint_step(spec, self.checkpoint_every, done)
       eval_metrics = None
       if is_eval:
-        state, eval_metrics = eval_fn(state, hyper, _global_scalar(done, mesh))
-      # Metrics of the previous logged step: its values are ready by now, this step is queued.
+        state, eval_metrics = eval_fn(state, hyper, global_scalar(done, mesh))
+      # Metrics of the previous logged step: its values are ready by now, this dispatch queued.
       # Divergence is only learnt from flushed rows, so it is checked only when rows were written.
       stop = flush()
       if is_eval or is_checkpoint or stop or done % self.log_every == 0:
@@ -935,9 +981,10 @@ class _Loop:
         manager.save(done, checkpoint_state(state, parallel.replica_sharding(mesh)),
                      dict(metadata, step=done, complete=stop or done == num_steps,
                           rows=self.results.packed(bucket)))
-      self.bar.update(len(bucket.replicas) * (num_steps - step if stop else 1))
+      self.bar.update(len(bucket.replicas) * ((num_steps if stop else done) - step))
       if stop:
         self.log(f"bucket {bucket.index}: every replica diverged; stopped at step {done}")
         break
+      step = done
     flush()
     manager.wait()

@@ -51,6 +51,23 @@ def test_shard_replicas_places_rows_on_devices():
     parallel.shard_replicas(np.ones((6, 2)), mesh)
 
 
+def test_gather_to_host_is_bit_exact_in_one_collective():
+  mesh = parallel.make_mesh()
+  special = np.array([np.nan, -0.0, np.inf, -np.inf, 1e-45, 3.4e38, 1.0, -2.5], np.float32)
+  tree = {"f_R": np.tile(special, 2), "i_Rx3": np.arange(-24, 24, dtype=np.int32).reshape(16, 3),
+          "empty": None, "u_Rx2x2": np.arange(64, dtype=np.uint32).reshape(16, 2, 2)}
+  sharded = parallel.shard_replicas(tree, mesh)
+  got = parallel.gather_to_host([sharded, sharded["f_R"]], mesh)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves([tree, tree["f_R"]])):
+    assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+  assert got[0]["empty"] is None
+  leaves = jax.tree.leaves(sharded)
+  hlo = parallel._pack.lower(leaves, parallel.replicated_sharding(mesh)).compile().as_text()
+  assert hlo.count("all-gather(") == 1, hlo
+  with pytest.raises(ValueError, match="expected 32-bit leaves"):
+    parallel.gather_to_host(parallel.shard_replicas(np.ones(8, bool), mesh), mesh)
+
+
 def _step(w, x):
   h = jnp.tanh(x @ w)
   return {"out": h.sum(), "w": w * 0.5 + h.mean()}

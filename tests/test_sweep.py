@@ -27,6 +27,8 @@ PRESETS = os.path.join(REPO, "experiments", "coverage_sweep.py")
 
 NUM_STEPS = 6
 HEALTHY_LR, HUGE_LR = 3e-3, 1e38
+# Its replicas' parameter norm overflows at step 2: inside a dispatch of several steps.
+MID_LR = 1e10
 
 
 def tiny_config():
@@ -42,6 +44,17 @@ def tiny_config():
   c.eval.update(every=3, batches=2, batch_size=8)
   c.log_every = 1
   c.checkpoint.update(every=2, keep=2)
+  return c
+
+
+def multi_step_config(log_every=NUM_STEPS):
+  """tiny_config's bucket (the same programs) with half its replicas diverging at step 2; with
+  the default log_every, rows only at steps 3 (evaluation), 4 (checkpoint) and 6, so the loop
+  dispatches steps 1-3, 4 and 5-6."""
+  c = tiny_config()
+  c.grid.learning_rates = (HEALTHY_LR, MID_LR)
+  c.log_every = log_every
+  c.checkpoint.every = 4
   return c
 
 
@@ -220,6 +233,113 @@ def test_overwrite_reruns_a_finished_workdir(reference, tmp_path):
   assert _rows(copy) == rows  # same compiled program, same numbers
 
 
+def test_dispatches_end_where_rows_are_written():
+  _, (bucket,) = sweep.expand_grid(multi_step_config())
+  assert sweep.dispatch_ends(bucket.spec, NUM_STEPS, 4) == [3, 4, 6]
+  # The step after rows that wait for the next dispatch ends one too (a stop may follow them).
+  assert sweep.dispatch_ends(bucket.spec, 2, 6) == [2, 3, 4, 5, 6]
+  assert sweep.dispatch_ends(bucket.spec, NUM_STEPS, 4, start=4) == [6]
+  spec = dataclasses.replace(bucket.spec, num_steps=1000, eval_every=500)
+  ends = sweep.dispatch_ends(spec, 100, 1000)
+  assert len(ends) == 19 and ends[:4] == [100, 101, 200, 201] and ends[-2:] == [901, 1000]
+
+
+def _compiled_bucket(config):
+  _, (bucket,) = sweep.expand_grid(config)
+  mesh = parallel.make_mesh()
+  hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
+  hyper = parallel.shard_replicas(hyper_np, mesh)
+  # As run_sweep compiles it, so the reference's programs are reused.
+  init_fn, run_fn, _, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, log=lambda *_: None,
+                                               fast_compile=True, keep_best=True)
+  return mesh, hyper, init_fn, run_fn
+
+
+def test_k_steps_in_one_dispatch_equal_k_dispatches_of_one_step():
+  """Bit for bit, states and metrics, with replicas diverging at step 2 of 3 (kept at their
+  state after step 1) and at step 1 (kept at their initial state)."""
+  c = multi_step_config()
+  c.grid.learning_rates = (HUGE_LR, MID_LR)
+  mesh, hyper, init_fn, run_fn = _compiled_bucket(c)
+  state = init_fn(hyper)
+  for _ in range(3):
+    state, metrics = run_fn(state, hyper, sweep.global_scalar(1, mesh))
+  one_by_one = parallel.to_host((state, metrics))
+  state, metrics = run_fn(init_fn(hyper), hyper, sweep.global_scalar(3, mesh))
+  at_once = parallel.to_host((state, metrics))
+  assert jax.tree.structure(at_once) == jax.tree.structure(one_by_one)
+  for a, b in zip(jax.tree.leaves(at_once), jax.tree.leaves(one_by_one)):
+    assert a.tobytes() == b.tobytes()
+  diverged_R = at_once[1]["diverged_step"][:12]
+  np.testing.assert_array_equal(diverged_R, [1] * 6 + [2] * 6)
+  np.testing.assert_array_equal(at_once[0]["train"].step[:12], diverged_R - 1)
+
+
+@pytest.fixture(scope="module")
+def multi_step(tmp_path_factory):
+  """multi_step_config's sweep: (workdir, results.jsonl text)."""
+  workdir = str(tmp_path_factory.mktemp("multi_step") / "run")
+  sweep.run_sweep(multi_step_config(), workdir, progress=False, log=lambda *_: None)
+  return workdir, open(os.path.join(workdir, results.RESULTS_FILE)).read()
+
+
+def test_rows_and_checkpoints_do_not_depend_on_the_steps_per_dispatch(multi_step, tmp_path):
+  """Dispatches of 3, 1 and 2 steps write exactly the rows and checkpoints that one step per
+  dispatch (rows at every step) writes at those steps, divergence step included."""
+  workdir, _ = multi_step
+  single = str(tmp_path / "single")
+  sweep.run_sweep(multi_step_config(log_every=1), single, progress=False, log=lambda *_: None)
+  rows, per_step = _rows(workdir), _rows(single)
+  assert results.diverged_steps(rows) == results.diverged_steps(per_step) == {
+      i: 2 for i in range(6, 12)}
+  healthy = [r for r in per_step if r["kind"] != "diverged" and r["step"] in (3, 4, 6)]
+  assert [r for r in rows if r["kind"] != "diverged"] == healthy
+  assert [r["step"] for r in rows if r["kind"] == "diverged"] == [3] * 6
+  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+    assert ckpt.all_steps() == [4, 6]
+  for step in (4, 6):
+    assert _checkpointed_state(workdir, step) == _checkpointed_state(single, step)
+
+
+def test_a_resume_into_a_multi_step_dispatch_equals_an_uninterrupted_run(multi_step, tmp_path):
+  workdir = str(tmp_path / "resumed")
+  shutil.copytree(multi_step[0], workdir)
+  os.remove(os.path.join(workdir, results.DONE_FILE))
+  shutil.rmtree(os.path.join(results.bucket_checkpoint_dir(workdir, 0), "6"))
+  messages = []
+  sweep.run_sweep(multi_step_config(), workdir, progress=False, log=messages.append)
+  assert "bucket 0: resumed from the checkpoint at step 4" in messages
+  assert open(os.path.join(workdir, results.RESULTS_FILE)).read() == multi_step[1]
+  assert _checkpointed_state(workdir, 6) == _checkpointed_state(multi_step[0], 6)
+
+
+def test_a_bucket_stops_the_step_after_rows_show_every_replica_diverged(tmp_path):
+  """Rows at steps 3 and 6 only: step 3's rows are written while step 4 runs in a dispatch of
+  its own, and the bucket stops there, as it did with one step per dispatch."""
+  c = multi_step_config()
+  c.grid.learning_rates = (HUGE_LR, MID_LR)
+  c.checkpoint.every = NUM_STEPS
+  messages = []
+  sweep.run_sweep(c, str(tmp_path), progress=False, log=messages.append)
+  assert "bucket 0: every replica diverged; stopped at step 4" in messages
+  rows = _rows(str(tmp_path))
+  assert [(r["kind"], r["step"]) for r in rows] == [("diverged", 3)] * 12
+  assert results.diverged_steps(rows) == {i: 1 if i < 6 else 2 for i in range(12)}
+  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(str(tmp_path), 0)) as ckpt:
+    assert ckpt.all_steps() == [4]
+
+
+def _checkpointed_state(workdir, step):
+  """The bytes of every array of the bucket's checkpoint at `step`."""
+  _, (bucket,) = sweep.expand_grid(tiny_config())
+  hyper, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
+  target = sweep.abstract_bucket_state(bucket.spec, parallel.make_mesh(), hyper, True)
+  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+    _, state, _ = sweep.restore_state(ckpt.restore, target, parallel.replica_sharding(
+        parallel.make_mesh()), step=step)
+  return [x.tobytes() for x in jax.tree.leaves(parallel.to_host(state))]
+
+
 def _env(devices):
   env = dict(os.environ)
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
@@ -304,16 +424,16 @@ def test_data_axis_splits_each_replicas_batch_and_matches():
                                            parallel.num_replica_shards(mesh))
     hyper = parallel.shard_replicas(hyper_np, mesh)
     # fast_compile as the smoke preset runs it, so num_data=1 reuses the reference's program.
-    init_fn, step_fn, eval_fn, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, "none",
-                                                        log=lambda *_: None, fast_compile=True)
+    init_fn, run_fn, eval_fn, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, "none",
+                                                       log=lambda *_: None, fast_compile=True)
     state, history = init_fn(hyper), []
     for _ in range(3):
-      state, metrics = step_fn(state, hyper)
+      state, metrics = run_fn(state, hyper, sweep.global_scalar(1, mesh))
       history.append(parallel.to_host(metrics))
-    step = sweep._global_scalar(3, mesh)
+    step = sweep.global_scalar(3, mesh)
     state, metrics = eval_fn(state, hyper, step)
     history.append(parallel.to_host(metrics))
-    outcomes[num_data] = (step_fn.as_text() + eval_fn.as_text(),
+    outcomes[num_data] = (run_fn.as_text() + eval_fn.as_text(),
                          (history, parallel.to_host(state["train"].params)))
   (hlo_1, history_1), (hlo_2, history_2) = outcomes[1], outcomes[2]
   assert "all-reduce" not in hlo_1

@@ -5,8 +5,9 @@
   .venv/bin/python experiments/benchmarks/sweep_throughput.py --mode=device --model=paper \
       --replicas=1,8,64 --peak_tflops=989        # accelerator: replica-steps/s and MFU
 
-compare: R replicas of a small config trained by ONE compiled bucket step (bindjax.sweep), over
-one CPU device per core as `bindjax sweep` sets up (config.sweep.cpu_devices), in one process and
+compare: R replicas of a small config trained by ONE compiled bucket program (bindjax.sweep), one
+step per dispatch (steps_per_dispatch.py measures the sweep loop's several), over one CPU device
+per core as `bindjax sweep` sets up (config.sweep.cpu_devices), in one process and
 (--processes=P) in P local processes pinned to their cores as launch/local.py starts them, vs R
 single-replica runs one after another with the same code (a 1-replica bucket, compiled once) on
 one device, both single-threaded per device and (in a worker subprocess) with JAX's default CPU
@@ -74,19 +75,20 @@ def bucket_runner(config, devices=None, chunk=parallel.AUTO):
                                          parallel.num_replica_shards(mesh))
   hyper = parallel.shard_replicas(hyper_np, mesh)
   t0 = time.perf_counter()
-  init_fn, step_fn, _, chunk = sweep.compile_bucket(
+  init_fn, run_fn, _, chunk = sweep.compile_bucket(
       bucket.spec, mesh, hyper, chunk, log=lambda *_: None,
       fast_compile=bool(config.sweep.fast_compile))
   compile_seconds = time.perf_counter() - t0
+  one = sweep.global_scalar(1, mesh)
   state = init_fn(hyper)
-  state, metrics = step_fn(state, hyper)  # warm-up
+  state, metrics = run_fn(state, hyper, one)  # warm-up
   jax.block_until_ready(metrics)
 
   def run(steps):
     nonlocal state
     t = time.perf_counter()
     for _ in range(steps):
-      state, metrics = step_fn(state, hyper)
+      state, metrics = run_fn(state, hyper, one)
     jax.block_until_ready(metrics)
     return time.perf_counter() - t
 
