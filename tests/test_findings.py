@@ -30,6 +30,23 @@ def test_findings_folder_redraws_its_table(folder, tmp_path):
     assert f.read() == committed
 
 
+REPORTS = sorted(os.path.dirname(p) for p in glob.glob(
+    os.path.join(REPO, "docs", "findings", "**", "workdirs.txt"), recursive=True))
+
+
+@pytest.mark.parametrize("folder", REPORTS, ids=lambda p: os.path.relpath(p, REPO))
+def test_a_report_of_several_sweeps_redraws_its_table(folder, tmp_path):
+  # workdirs.txt names the findings folders (relative to the repository) reported together.
+  with open(os.path.join(folder, "workdirs.txt")) as f:
+    workdirs = [os.path.join(REPO, line.strip()) for line in f if line.strip()]
+  assert len(workdirs) > 1 and all(w in FOLDERS for w in workdirs), workdirs
+  with open(os.path.join(folder, "critical_coverage.md")) as f:
+    committed = f.read()
+  report.make_report(workdirs, out_dir=str(tmp_path), formats=("png",))
+  with open(tmp_path / "critical_coverage.md") as f:
+    assert f.read() == committed
+
+
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: os.path.relpath(p, REPO))
 def test_the_schema_names_the_committed_rows(folder, tmp_path):
   coordinates = results.read_replicas(folder)
