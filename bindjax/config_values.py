@@ -1,11 +1,11 @@
-"""List-valued config fields: tuples in every config, read the same way everywhere.
+"""Config fields read the same way everywhere: list values, and typed settings.
 
 ml_collections overrides a tuple field from the command line: `--config.seeds=0,1,2` gives
 (0, 1, 2), and `--config.models=additive,product` gives the one-string tuple
 ('additive,product'); `names` splits such strings, so either spelling works.
 
-Typed settings (dataclasses) hold every default; a command's ConfigDict is spelled from them
-(`fields`) and read back into them (`pop_settings`).
+Typed settings (dataclasses) hold every default of the analyses; a command's ConfigDict is
+spelled from them (`fields`) and read back into them (`pop_settings`, then `check_all_used`).
 """
 import dataclasses
 
@@ -44,8 +44,8 @@ def fields(settings, prefix="", only=None, exclude=()):
   """{prefix + name: value} of the fields of the dataclass instance `settings` (those named in
   `only`, default all, less those in `exclude`): a config section spelled from typed settings,
   so each default stays where the dataclass holds it."""
-  names = only or [f.name for f in dataclasses.fields(settings)]
-  return {prefix + name: getattr(settings, name) for name in names if name not in exclude}
+  chosen = only or [f.name for f in dataclasses.fields(settings)]
+  return {prefix + name: getattr(settings, name) for name in chosen if name not in exclude}
 
 
 def pop_settings(cls, values, prefix="", **given):
@@ -57,7 +57,8 @@ def pop_settings(cls, values, prefix="", **given):
 
 
 def check_all_used(values, section):
-  """ValueError naming a field of `section` that no setting took (such as a preset's typo)."""
+  """ValueError naming a field left in `values` (the rest of config section `section`, such as
+  "config.mds.") that no setting took: a preset's misspelt field, say."""
   if values:
     raise ValueError(f"{section}{sorted(values)[0]}: not a setting; expected only the fields of "
                      "the command's default config")

@@ -296,10 +296,11 @@ def load_summary(path):
   return summary
 
 
-def summary_table(summaries, strength=None, metric="retrieval", group="all", digits=2):
-  """(markdown, latex) tables: one row per (dataset, model), one column per bank.
+def summary_table(summaries, strength, metric, group, digits=2):
+  """(markdown, latex) tables: one row per (dataset, model), one column per bank, each cell the
+  `metric` of the cases in `group` (the choices and defaults of `bindjax interventions-table`).
 
-  `strength` selects k (default: the first strength of each run); a bank a run lacks shows "–".
+  `strength` selects k (None: the first strength of each run); a bank a run lacks shows "–".
   """
   columns = [b for b in common.BANKS if any(b in s["results"] for s in summaries)]
   body = []
