@@ -179,18 +179,19 @@ def _random_words(key, space, sampler):
 
 # Distinct-set helpers. Tables indexed by object id (scatter/gather, O(n)) are used up to this
 # many objects; above it, sorts and comparisons (independent of |O|).
-_TABLE_LIMIT = 1 << 20
+TABLE_LIMIT = 1 << 20
 # Random subsets sort uint32 keys with the position in this many low bits at most (top_k above).
-_MAX_INDEX_BITS = 20
+MAX_INDEX_BITS = 20
 
 
-def _first_occurrences(ids_N, num_objects):
-  """bool [N]: entry holds a valid id (< num_objects) seen at no earlier position."""
+def _first_occurrences(ids_N, num_objects, table_limit=TABLE_LIMIT):
+  """bool [N]: entry holds a valid id (< num_objects) seen at no earlier position; by a table
+  indexed by id up to `table_limit` objects, by a sort above."""
   n = ids_N.shape[0]
   position_N = jnp.arange(n, dtype=jnp.int32)
   valid_N = (ids_N >= 0) & (ids_N < num_objects)
   ids_N = jnp.where(valid_N, ids_N, num_objects)
-  if num_objects <= _TABLE_LIMIT:
+  if num_objects <= table_limit:
     first_O = jnp.full((num_objects + 1,), n, jnp.int32).at[ids_N].min(position_N)
     return valid_N & (first_O[ids_N] == position_N)
   order_N = jnp.argsort(ids_N, stable=True)
@@ -199,8 +200,9 @@ def _first_occurrences(ids_N, num_objects):
   return valid_N & jnp.zeros((n,), bool).at[order_N].set(starts_N)
 
 
-def _random_subset(words_N, keep_N, size):
-  """A uniformly random subset of at most `size` kept positions: (positions [size], valid).
+def _random_subset(words_N, keep_N, size, max_index_bits=MAX_INDEX_BITS):
+  """A uniformly random subset of at most `size` kept positions: (positions [size], valid);
+  top_k when a position needs more than `max_index_bits` bits.
 
   One single-operand sort of uint32 keys (random priority in the high bits, position in the low
   bits), which on CPU is several times cheaper than top_k's key-value sort. Equal priorities are
@@ -208,7 +210,7 @@ def _random_subset(words_N, keep_N, size):
   """
   n = keep_N.shape[0]
   index_bits = max(1, (n - 1).bit_length())
-  if index_bits > _MAX_INDEX_BITS:
+  if index_bits > max_index_bits:
     priority_N = jnp.where(keep_N, (words_N >> 1).astype(jnp.int32), -1)
     top, position = jax.lax.top_k(priority_N, size)
     return position, top >= 0
@@ -234,10 +236,11 @@ def _scatter_rows(columns_BxN, num_columns, dtype):
       1, mode="drop")
 
 
-def _membership_labels(ids_BxK, query_ids_Q, query_mask_Q, num_objects):
-  """float32 [B, Q]: 1 where query q is one of the objects of scene b."""
+def _membership_labels(ids_BxK, query_ids_Q, query_mask_Q, num_objects, table_limit=TABLE_LIMIT):
+  """float32 [B, Q]: 1 where query q is one of the objects of scene b; by a table indexed by id
+  up to `table_limit` objects, by comparisons above."""
   q = query_ids_Q.shape[0]
-  if num_objects > _TABLE_LIMIT:
+  if num_objects > table_limit:
     hits_BxQ = jnp.any(ids_BxK[:, :, None] == query_ids_Q[None, None, :], axis=1)
     return (hits_BxQ & query_mask_Q[None, :]).astype(jnp.float32)
   # Column of each object id among the queries (q: none), then one scatter per scene slot.

@@ -1,53 +1,38 @@
-r"""Every replica's binding function (docs/binding.md): approximator families fitted to each
-replica of a sweep on its own coverage split, beside its held-out accuracy.
+r"""Presets of `bindjax binding` (docs/binding.md): approximator families fitted to each replica
+of a sweep on its own coverage split, beside its held-out accuracy.
 
   bindjax binding --workdir=runs/smoke --config=experiments/binding.py:smoke
   bindjax binding --workdir=runs/cpu --config=experiments/binding.py:cpu --out=runs/cpu_binding
 
-Presets: `smoke` (seconds on the smoke sweep: 100 steps), `cpu` (the cpu sweep's 20 replicas on
-2 CPU cores), `paper` (the FitConfig defaults and the paper's MLP width, for accelerators).
-`fit` holds every FitConfig field, with its defaults (docs/complexity.md, "Fitting" and
-"Restarts"); `models` is a comma list as in experiments/complexity.py; `learning_rate` and
-`fit_seed` (the initialisation key) are the same for every replica. `encode_batch`: scenes per
-replica per forward pass; `chunk_size` (auto | none | n fits at once) and `memory_bytes` as in
-the complexity grid; `cpu_devices` as config.sweep.cpu_devices of a sweep (CPU hosts: -1 one
-single-threaded device per core); `bootstrap`: resamples of the replicas for the interval of
-Spearman's ρ; `save_embeddings`: also write every fitted replica's embedding set.
+Presets (the ARG after the colon):
+  smoke   for the smoke sweep: small families (mlp:32), 100 fit steps, 200 bootstrap resamples;
+          checks the machinery.
+  cpu     for the cpu sweep (experiments/coverage_sweep.py:cpu): mlp:128, 2,000 fit steps.
+  paper   the default settings (bindjax.complexity.replicas.default_config()): the FitConfig
+          defaults and the paper's MLP width (mlp:1024), for accelerators.
+
+Every field is described in docs/binding.md and `bindjax binding --help`; `fit` holds every
+FitConfig field (docs/complexity.md, "Fitting"). What the cpu preset showed on the cpu sweep:
+docs/findings/binding_fits.md.
 """
-import dataclasses
+from bindjax.complexity import replicas
 
-import ml_collections
-
-from bindjax.complexity import fitting
-
-PRESETS = ("smoke", "cpu", "paper")
+# The families of every preset; the MLP width differs.
+FAMILIES = "additive,sum_product,per_object_sum_product"
 
 
 def get_config(arg="smoke"):
-  """Config for preset `arg` (smoke | cpu | paper)."""
-  if arg not in PRESETS:
-    raise ValueError(f"binding config arg={arg!r}: expected one of {'|'.join(PRESETS)}")
-  c = ml_collections.ConfigDict()
-  c.models = "additive,sum_product,per_object_sum_product,mlp:1024"
-  c.embed_dim = 0            # slot embedding width; 0 = embedding width D
-  c.learning_rate = 1e-2     # the complexity grid's learning rate
-  c.fit_seed = 0
-  c.fit = ml_collections.ConfigDict(dataclasses.asdict(fitting.FitConfig()))
-  c.chunk_size = "auto"
-  # Fits of one family whose training counts are within this factor run as one compiled batch
-  # (inf: one batch per family and bucket, every replica padded to the largest count).
-  c.pad_ratio = fitting.PAD_RATIO
-  c.memory_bytes = 0
-  c.encode_batch = 1024
-  c.cpu_devices = -1
-  c.bootstrap = 1000
-  c.save_embeddings = False
+  """Config of preset `arg` (smoke | cpu | paper)."""
+  c = replicas.default_config()
   if arg == "smoke":
-    c.models = "additive,sum_product,per_object_sum_product,mlp:32"
+    c.models = f"{FAMILIES},mlp:32"
     c.fit.steps = 100
     c.fit.eval_every = 50
     c.bootstrap = 200
   elif arg == "cpu":
-    c.models = "additive,sum_product,per_object_sum_product,mlp:128"
+    c.models = f"{FAMILIES},mlp:128"
     c.fit.steps = 2000
+  elif arg != "paper":
+    raise ValueError(f"experiments/binding.py: unknown preset {arg!r}; expected smoke, cpu or "
+                     "paper")
   return c

@@ -1,32 +1,32 @@
-"""Coverage sweep: held-out object recognition vs coverage × object-space size × seed.
+"""Presets of `bindjax sweep`: held-out object recognition vs coverage × object-space size × seed.
 
   bindjax sweep --config=experiments/coverage_sweep.py:smoke --workdir=/tmp/bindjax_sweep_smoke
   bindjax report --workdir=/tmp/bindjax_sweep_smoke --overwrite   # redraw the sweep's report
-  bindjax sweep --config=experiments/coverage_sweep.py:cpu --workdir=runs/cpu       # headline
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu --workdir=runs/cpu
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_144 --workdir=runs/cpu_144
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_c3 --workdir=runs/cpu_c3
 
-Presets (the ARG after the colon); what each showed is in docs/findings/scaling_law.md and
-docs/findings/phase_transition.md, not here:
-  smoke      CI: 2 tiny spaces × 3 coverages × 2 seeds, 40 steps.
-  cpu        the headline CPU sweep: |O| = 100 (C = 2, V = 10), coverage 0.3–0.9 (5 points),
-             4 seeds, a 2-layer d_model-64 model with the product read-out in both towers,
-             training queries restricted to training objects, batch 128, 10,000 steps at lr 1e-3
-             (200k replica-steps).
-  cpu_144    the same model and grid at |O| = 144 (C = 2, V = 12), 12,000 steps (240k
-             replica-steps): the learning time at coverage 1 grows about as |O|^1.3
-             (docs/findings/phase_transition.md, lever 1), so the step count grows with it.
+Presets (the ARG after the colon):
+  smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
+             40 steps, cheap compiles: checks the machinery.
+  cpu        |O| = 100 (C = 2, V = 10), coverage 0.3–0.9 (5 points), 4 seeds, a 2-layer
+             d_model-64 model with the product read-out in both towers, training queries
+             restricted to training objects, batch 128, 10,000 steps at lr 1e-3.
+  cpu_144    the same model and grid at |O| = 144 (C = 2, V = 12), 12,000 steps.
   cpu_c3     the same model and grid in a three-concept space, |O| = 125 (C = 3, V = 5), 10,000
-             steps: |O| between the two C = 2 sizes, so its ρ* tests whether critical coverage
-             depends on |O| alone or on the number of concepts as well.
-  gpu_quick  the published towers (d_model 256, 6 layers, bfloat16 matmuls) on one GPU in about
-             5 minutes: |O| = 400, coverage 0.2–0.8, 1 seed, training queries restricted to
-             training objects, lr 1e-4. experiments/benchmarks/device_sweep.sh re-sizes its steps
-             from the measured rate.
+             steps: |O| between the two C = 2 sizes, to tell a dependence of critical coverage
+             on |O| from one on the number of concepts.
+  gpu_quick  the published towers (d_model 256, 6 layers, bfloat16 matmuls) for one GPU:
+             |O| = 400, coverage 0.2–0.8, 1 seed, training queries restricted to training
+             objects, lr 1e-4. experiments/benchmarks/device_sweep.sh re-sizes its steps from the
+             measured rate.
   paper      the study's grid: |O| ∈ {400 (C=2, V=20), 2500 (C=2, V=50), 125000 (C=3, V=50)},
              coverage 0.1–0.9, 3 seeds, the published model (d_model 256, 6 layers, d_out 64,
              batch 512, 50k steps, lr 3e-5). For accelerators / TPU pods (launch/).
   paper_20m  as paper with the ~20M-parameter towers of the paper's sweeps (d_model 512, d_out 512).
+
+What the cpu presets showed: docs/findings/scaling_law.md; the levers behind them and the
+gpu_quick run: docs/findings/phase_transition.md.
 
 Any field can be overridden; grid lists take comma lists or single values, e.g.
 --config.grid.seeds=0,1,2 --config.grid.coverages=0.5 --config.grid.spaces='(2,20),(3,10)'

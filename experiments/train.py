@@ -1,23 +1,19 @@
-"""Train one dual encoder from scratch (docs/training.md).
+"""Presets of `bindjax train`: one dual encoder trained from scratch (docs/training.md).
 
   bindjax train --config=experiments/train.py:smoke --workdir=/tmp/bindjax_train_smoke
   bindjax train --config=experiments/train.py:cpu --workdir=runs/train_cpu
   bindjax train --config=experiments/train.py:paper --workdir=runs/train_paper
 
 Presets (the ARG after the colon):
-  smoke   seconds on a CPU: C=2, V=4, K=2, a 1-layer d_model-32 model, 60 steps, cheap compiles.
-  tiny    the learning check (tests/test_train.py): C=2, V=4, K=2, coverage 1, a 1-layer
-          d_model-32 model, 300 steps at lr 1e-2 (warm-up 0.3: with 0.1, 1 seed in 8 never
-          learns). It learns everything but binding: training object accuracy ~0.8, because the
-          query tower's object embeddings stay additive (experiments/benchmarks/
-          tiny_binding_probe.py). Seconds on a CPU.
-  cpu     a few minutes on 2 CPU cores; learns: C=2, V=4 (16 objects), K=2, coverage 1, a 2-layer
-          d_model-64 model, batch 64, lr 3e-3, 2000 steps. Training object accuracy reaches 1.0
-          (two-object binding appears after ~1000 steps; a 1-layer d_model-32 model only reaches
-          ~0.8: one-object scenes right, two-object scenes near the concepts-only level).
-  paper   the published run (docs/training.md): C=2, V=20, K=2, d_model 256, 4 heads, 6 layers, d_out 64,
-          feed-forward 2048, batch 512, 50,000 steps, lr 3e-5, AdamW wd 0.1, cosine similarity,
-          coverage 0.8, evaluation every 1000 steps on 10 held-out batches of 512.
+  smoke   C=2, V=4, K=2, coverage 0.75, a 1-layer d_model-32 model, 60 steps, cheap compiles:
+          checks the machinery.
+  tiny    the learning check of tests/test_train.py: C=2, V=4, K=2, coverage 1, a 1-layer
+          d_model-32 model, 300 steps at lr 1e-2 with warm-up fraction 0.3, cheap compiles.
+  cpu     C=2, V=4, K=2, coverage 1, a 2-layer d_model-64 model, batch 64, lr 3e-3, 2,000 steps.
+  paper   the published run (bindjax.train.default_config(); docs/training.md, "Published run").
+
+What the tiny and cpu models learn, and why the tiny one does not bind:
+docs/findings/tiny_model_binding.md.
 
 Override any field on the command line, e.g. --config.coverage=0.5 --config.seed=3
 --config.num_steps=2000 --config.model.num_layers=2. `bindjax.train.default_config()` lists them.

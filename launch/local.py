@@ -25,7 +25,7 @@ from bindjax import parallel  # noqa: E402
 
 def build_commands(args, extra, workdir):
   """argv lists: one per process of the sweep, then the report."""
-  bindjax = os.path.join(os.path.dirname(sys.executable), "bindjax")
+  bindjax = args.bindjax
   sweep = common.sweep_command(bindjax, args.config, workdir, extra)
   if args.num_processes == 1:
     return [sweep], [bindjax, "report", f"--workdir={workdir}"]
@@ -41,6 +41,8 @@ def parse(argv):
   parser.add_argument("--config", default="experiments/coverage_sweep.py:smoke")
   parser.add_argument("--workdir_root", default=os.path.join(common.REPO, "runs"))
   parser.add_argument("--workdir", default=None)
+  parser.add_argument("--bindjax", default=os.path.join(os.path.dirname(sys.executable), "bindjax"),
+                      help="the bindjax command to run (default: the one beside this Python)")
   parser.add_argument("--num_processes", type=int, default=1)
   parser.add_argument("--port", type=int, default=12355)
   parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,

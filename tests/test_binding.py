@@ -52,7 +52,9 @@ def sweep_dir(tmp_path_factory):
   return workdir
 
 
-def binding_config(*overrides):
+def binding_settings(*overrides):
+  """The smoke preset's BindingConfig with FAMILIES, FIT and the `--config.FIELD=VALUE`
+  overrides, read as the command reads its --config."""
   config = flags.load_config(f"{BINDING}:smoke")
   config.models = FAMILIES
   for item in FIT + list(overrides):
@@ -60,7 +62,7 @@ def binding_config(*overrides):
     section, _, field = key.rpartition(".")
     target = config[section] if section else config
     target[field] = type(target[field])(value)
-  return config
+  return replicas.settings_from(config)
 
 
 @pytest.mark.slow
@@ -68,7 +70,7 @@ def test_every_replica_and_family_equals_extract_then_complexity(sweep_dir, tmp_
                                                                  monkeypatch):
   # All 4 replicas of a family in one batch, vmapped 2 per device on 2 devices.
   mesh = parallel.make_mesh(devices=jax.devices()[:2])
-  summary = replicas.run(binding_config("--config.pad_ratio=inf", "--config.chunk_size=none"),
+  summary = replicas.run(binding_settings("--config.pad_ratio=inf", "--config.chunk_size=none"),
                          sweep_dir, tmp_path / "binding", "best", mesh=mesh, progress=False)
   rows = summary["rows"]
   names = ["additive", "sum_product", "per_object_sum_product", "mlp[16]"]
@@ -117,10 +119,9 @@ def test_a_diverged_replica_is_reported_and_not_fitted(sweep_dir, tmp_path):
   files.write_jsonl(workdir / results.RESULTS_FILE, [r for r in rows if r["replica"] != 3 or
                                                       r["step"] < 4] + [
       dict(coordinates, kind="diverged", step=3, diverged=True, diverged_step=3)])
-  config = binding_config("--config.models=additive,mlp:16", "--config.fit.steps=10",
-                          "--config.fit.eval_every=10")
-  config.save_embeddings = True
-  summary = replicas.run(config, workdir, tmp_path / "out", "final", progress=False)
+  settings = binding_settings("--config.models=additive,mlp:16", "--config.fit.steps=10",
+                              "--config.fit.eval_every=10", "--config.save_embeddings=True")
+  summary = replicas.run(settings, workdir, tmp_path / "out", "final", progress=False)
   out = summary["rows"]
   diverged = [r for r in out if r["replica"] == 3]
   assert [r["name"] for r in diverged] == ["additive", "mlp[16]"]
@@ -175,8 +176,8 @@ def test_rank_correlation_and_its_interval():
   assert c["rho"] == pytest.approx(1.0) and c["interval"] == pytest.approx([1.0, 1.0])
   c = replicas.rank_correlation([1, 2, np.nan, 4], [4, 3, 0, 1], num_bootstrap=200)
   assert c["num_points"] == 3 and c["rho"] == pytest.approx(-1.0)
-  assert replicas.rank_correlation([1, 2], [1, 2])["rho"] is None
-  assert replicas.rank_correlation([1, 1, 1], [1, 2, 3])["rho"] is None
+  assert replicas.rank_correlation([1, 2], [1, 2], num_bootstrap=200)["rho"] is None
+  assert replicas.rank_correlation([1, 1, 1], [1, 2, 3], num_bootstrap=200)["rho"] is None
 
 
 @pytest.mark.slow

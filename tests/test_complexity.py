@@ -213,7 +213,7 @@ def test_random_forest_uses_the_same_splits_and_scoring():
   assert row["final_train_only_r2"] > 0.5
   assert row["final_test_only_r2"] < row["final_train_only_r2"]
   with pytest.raises(ValueError, match="tree model"):
-    trees.make_regressor("xgboost")
+    trees.make_regressor("xgboost", 10)
 
 
 @pytest.mark.skipif(not os.path.isdir(DATA), reason="tests/data/clevr_text missing")

@@ -214,10 +214,12 @@ def test_command_and_table(tmp_path, monkeypatch, capsys):
                         f"--workdir={tmp_path / 'tables2'}"])
   assert e.value.code == 1 and not (tmp_path / "tables2").exists()
   md, _ = interventions.summary_table([interventions.load_summary(tmp_path / "run_dep")],
-                                      strength=2, metric="retrieval_order_insensitive")
+                                      strength=2, metric="retrieval_order_insensitive",
+                                      group="all")
   assert "| dep | model_dep |" in md
   with pytest.raises(ValueError, match="k=3"):
-    interventions.summary_table([interventions.load_summary(tmp_path / "run_dep")], strength=3)
+    interventions.summary_table([interventions.load_summary(tmp_path / "run_dep")], strength=3,
+                                metric="retrieval", group="all")
 
 
 def test_probes_file_replaces_fitting(clevr_text, tmp_path):

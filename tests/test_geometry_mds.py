@@ -26,20 +26,22 @@ def test_noise_free_additive_sums_coincide_with_composites():
   es = planted.planted_set("position_dependent")
   quad = mds.parse_quadruple(es, "c0v0,c0v3,c1v1,c1v2")
   for bank in ("pos-avg",):
-    result = mds.run_mds(es, quad, bank=bank, n_init=1)
+    result = mds.run_mds(es, quad, mds.MdsConfig(bank=bank, n_init=1))
     assert max(result["sum_to_composite_cosine_distance"]) < 1e-3
     distances = np.asarray(result["distances"])
     for s, c in zip(SUM_ROWS, COMPOSITE_ROWS):
       assert distances[s, c] < 1e-3
   # Position-free vectors: the slot-free bank is exact too (up to a common scale).
   es = planted.planted_set("position_independent")
-  result = mds.run_mds(es, mds.parse_quadruple(es, "0,1,0,1"), bank="obj-avg", n_init=1)
+  result = mds.run_mds(es, mds.parse_quadruple(es, "0,1,0,1"),
+                       mds.MdsConfig(bank="obj-avg", n_init=1))
   assert max(result["sum_to_composite_cosine_distance"]) < 1e-3
 
 
 def test_product_bound_sums_miss_their_composites():
   es = planted.planted_set("product")
-  result = mds.run_mds(es, mds.parse_quadruple(es, "c0v0,c0v3,c1v1,c1v2"), n_init=1)
+  result = mds.run_mds(es, mds.parse_quadruple(es, "c0v0,c0v3,c1v1,c1v2"),
+                       mds.MdsConfig(n_init=1))
   assert min(result["sum_to_composite_cosine_distance"]) > 0.1
 
 
@@ -57,12 +59,12 @@ def test_points_and_layout(clevr_text):
   row = [i for i, c in enumerate(clevr_text.captions) if c == "a red cube and a blue sphere"][0]
   two = clevr_text.embeddings[clevr_text.num_objects == 2].astype(np.float64)
   np.testing.assert_allclose(vectors[8], clevr_text.embeddings[row] - two.mean(0), atol=1e-5)
-  result = mds.run_mds(clevr_text, quad, random_state=3, n_init=2)
+  result = mds.run_mds(clevr_text, quad, mds.MdsConfig(random_state=3, n_init=2))
   coords = np.array([p["coords"] for p in result["points"]])
   assert coords.shape == (12, 3) and np.isfinite(coords).all()
   assert result["stress"] > 0 and 0 < result["stress_1"] < 0.3
   assert result["lines"] == [[10, 8], [11, 9]]
-  again = mds.run_mds(clevr_text, quad, random_state=3, n_init=2)
+  again = mds.run_mds(clevr_text, quad, mds.MdsConfig(random_state=3, n_init=2))
   np.testing.assert_allclose([p["coords"] for p in again["points"]], coords)
 
 
@@ -99,7 +101,8 @@ def test_bad_quadruples_are_rejected(clevr_text):
     mds.quadruple_points(subset, mds.parse_quadruple(subset, "red,blue,cube,sphere"))
   singles_free = clevr_text.subset(np.flatnonzero(clevr_text.num_objects == 2))
   with pytest.raises(ValueError, match="single-object"):
-    mds.quadruple_points(singles_free, mds.Quadruple((6, 0), (0, 2)), bank="single-object")
+    mds.quadruple_points(singles_free, mds.Quadruple((6, 0), (0, 2)),
+                         mds.MdsConfig(bank="single-object"))
 
 
 def test_command_writes_json_and_figures(tmp_path, monkeypatch):
@@ -116,6 +119,15 @@ def test_command_writes_json_and_figures(tmp_path, monkeypatch):
   assert result["bank"] == "pos-avg" and len(result["points"]) == 12
   for name in ("mds_grid.png", "mds_red-blue-cube-sphere.png"):
     assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # The config's bank is the one used, and the one recorded.
+  other = tmp_path / "obj_avg"
+  argv = ["bindjax mds", f"--embeddings={DATA}", f"--workdir={other}",
+          "--quadruple=red,blue,cube,sphere", "--config=experiments/geometry.py:smoke",
+          "--config.mds.n_init=1", "--config.mds.bank=obj-avg"]
+  monkeypatch.setattr(sys, "argv", argv)
+  assert mds_command.main(argv) == 0
+  by_bank = json.loads((other / "mds_red-blue-cube-sphere.json").read_text())
+  assert by_bank["bank"] == "obj-avg" and by_bank["distances"] != result["distances"]
   # A quadruple the set lacks: error, nothing written (not even the valid quadruple's files).
   bad = tmp_path / "bad"
   argv = ["bindjax mds", f"--embeddings={DATA}", f"--workdir={bad}",

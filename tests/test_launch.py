@@ -1,13 +1,42 @@
-"""Launchers' --dry-run output: the commands they would run."""
+"""Launchers run for real against stand-ins for gcloud, sbatch, srun, pip and bindjax: what runs
+where, in which order, with which flags."""
 import datetime
 import importlib.util
+import json
 import os
-import shlex
 import sys
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SWEEP_CONFIG = "experiments/coverage_sweep.py:paper"
+# A stand-in for a command-line tool: it logs its name, arguments, directory and cores, fails
+# when its call contains $FAKE_FAIL, and does the one thing a launch needs of it.
+FAKE_TOOL = """#!{python}
+import json, os, shutil, subprocess, sys
+tool, argv = os.path.basename(sys.argv[0]), sys.argv[1:]
+cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+with open(os.environ["FAKE_LOG"], "a") as f:
+  f.write(json.dumps(dict(tool=tool, argv=argv, cwd=os.getcwd(), cores=cores)) + "\\n")
+if os.environ.get("FAKE_FAIL") and os.environ["FAKE_FAIL"] in " ".join([tool] + argv):
+  sys.exit(1)
+if tool == "mountpoint":   # nothing is mounted yet
+  sys.exit(1)
+if tool == "python3" and argv[:2] == ["-m", "venv"]:
+  os.makedirs(os.path.join(argv[2], "bin"))
+  shutil.copy(sys.argv[0], os.path.join(argv[2], "bin", "pip"))
+if tool == "pip" and "-e" in argv:   # installs the bindjax command beside itself
+  shutil.copy(sys.argv[0], os.path.join(os.path.dirname(sys.argv[0]), "bindjax"))
+if tool == "gcloud" and "ssh" in argv:   # runs the command on the worker
+  command = [a for a in argv if a.startswith("--command=")][0][len("--command="):]
+  sys.exit(subprocess.run(["bash", "-c", command],
+                          env=dict(os.environ, HOME=os.environ["FAKE_HOME"])).returncode)
+if tool == "sbatch":   # runs the job script, as a node would
+  sys.exit(subprocess.run(["bash", argv[-1]]).returncode)
+if tool == "srun":   # starts the task that follows its options
+  task = next(i for i, a in enumerate(argv) if not a.startswith("-"))
+  sys.exit(subprocess.run(argv[task:]).returncode)
+"""
 
 
 def _load(name):
@@ -18,8 +47,34 @@ def _load(name):
   return module
 
 
-def _lines(capsys):
-  return [l for l in capsys.readouterr().out.splitlines() if l]
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+  """Makes stand-in tools on request (`fake.tool(name, directory=bin)`); `fake.calls()` lists
+  their calls in order."""
+  class Fake:
+    bin = tmp_path / "bin"
+    home = tmp_path / "worker_home"
+    log = tmp_path / "calls.jsonl"
+
+    def tool(self, name, directory=None):
+      path = (directory or self.bin) / name
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(FAKE_TOOL.format(python=sys.executable))
+      path.chmod(0o755)
+      return str(path)
+
+    def calls(self, tool=None):
+      if not self.log.exists():
+        return []
+      calls = [json.loads(line) for line in self.log.read_text().splitlines()]
+      return [c for c in calls if tool in (None, c["tool"])]
+
+  fake = Fake()
+  fake.home.mkdir()
+  monkeypatch.setenv("PATH", f"{fake.bin}{os.pathsep}{os.environ['PATH']}")
+  monkeypatch.setenv("FAKE_LOG", str(fake.log))
+  monkeypatch.setenv("FAKE_HOME", str(fake.home))
+  return fake
 
 
 def test_dated_workdir():
@@ -29,33 +84,52 @@ def test_dated_workdir():
           "gs://b/runs/20260130-120005-coverage_sweep-paper")
 
 
-def test_tpu_pod_dry_run(capsys):
+def _tpu_flags(tmp_path, *extra):
+  return ["--name=pod", "--zone=us-central2-b", "--accelerator_type=v4-64", "--project=proj",
+          "--spot", "--gcs_bucket=my-bucket", f"--mount_point={tmp_path / 'gcs'}",
+          f"--config={SWEEP_CONFIG}", f"--workdir_root={tmp_path / 'gcs' / 'runs'}", *extra]
+
+
+def test_tpu_pod_creates_the_vm_installs_and_runs_the_sweep_on_every_worker(
+    tmp_path, fake, monkeypatch):
   tpu = _load("tpu_pod")
-  assert tpu.main(["--name=pod", "--zone=us-central2-b", "--accelerator_type=v4-64",
-                   "--project=proj", "--spot", "--gcs_bucket=my-bucket",
-                   "--config=experiments/coverage_sweep.py:paper", "--workdir_root=/mnt/gcs/x",
-                   "--dry-run", "--", "--config.grid.seeds=(0,)"]) == 0
-  lines = _lines(capsys)
-  assert lines[0].startswith("# workdir: /mnt/gcs/x/") and lines[0].endswith("coverage_sweep-paper")
-  workdir = lines[0].split(": ", 1)[1]
-  create, pack, scp, install, run = lines[1:]
-  assert create.startswith("gcloud compute tpus tpu-vm describe pod --zone=us-central2-b "
-                           "--project=proj >/dev/null 2>&1 || gcloud compute tpus tpu-vm create pod")
-  assert "--accelerator-type=v4-64" in create and "--spot" in create
-  assert pack.startswith("tar czf") and "--exclude=.venv" in pack and REPO in pack
-  assert scp.startswith("gcloud compute tpus tpu-vm scp") and "--worker=all" in scp
-  install_argv = shlex.split(install)
-  assert install_argv[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]
-  assert "--worker=all" in install_argv
-  command = [a for a in install_argv if a.startswith("--command=")][0]
-  assert "gcsfuse --implicit-dirs my-bucket /mnt/gcs" in command and "pip install" in command
-  assert "jax[tpu]" in command
-  run_argv = shlex.split(run)
-  assert "--worker=all" in run_argv
-  remote = shlex.split([a for a in run_argv if a.startswith("--command=")][0][len("--command="):])
-  assert remote[remote.index("&&") + 1:] == [
-      ".venv/bin/bindjax", "sweep", "--config=experiments/coverage_sweep.py:paper",
-      f"--workdir={workdir}", "--config.grid.seeds=(0,)"]
+  for name in ("gcloud", "tar", "mountpoint", "gcsfuse", "python3"):
+    fake.tool(name)
+  monkeypatch.setenv("FAKE_FAIL", "tpu-vm describe")   # no VM of that name yet
+  assert tpu.main(_tpu_flags(tmp_path, "--", "--config.grid.seeds=(0,)")) == 0
+  gcloud = [c["argv"] for c in fake.calls("gcloud")]
+  assert [a[3] for a in gcloud] == ["describe", "create", "scp", "ssh", "ssh"]
+  assert all(a[4] == "pod" and "--zone=us-central2-b" in a and "--project=proj" in a
+             for a in gcloud[:2])
+  assert "--accelerator-type=v4-64" in gcloud[1] and "--spot" in gcloud[1]
+  assert all("--worker=all" in a for a in gcloud[2:])
+  pack = fake.calls("tar")[0]["argv"]
+  assert pack[:2] == ["czf", tpu.ARCHIVE] and pack[-3:] == ["-C", REPO, "."]
+  assert "--exclude=.venv" in pack and "--exclude=.git" in pack
+  assert tpu.ARCHIVE in gcloud[2] and "pod:~/bindjax.tar.gz" in gcloud[2]
+  # On the worker: the bucket is mounted, then bindjax is installed with the TPU jax.
+  names = [c["tool"] for c in fake.calls()]
+  assert names.index("gcsfuse") < names.index("pip")
+  assert fake.calls("gcsfuse")[0]["argv"] == ["--implicit-dirs", "my-bucket",
+                                              str(tmp_path / "gcs")]
+  install = [c["argv"] for c in fake.calls("pip") if "-e" in c["argv"]][0]
+  assert install[-2:] == [".", "jax[tpu]>=0.10.2,<0.11"]
+  (run,) = fake.calls("bindjax")
+  assert run["cwd"] == str(fake.home / "bindjax")
+  workdir = run["argv"][2][len("--workdir="):]
+  assert run["argv"] == ["sweep", f"--config={SWEEP_CONFIG}", f"--workdir={workdir}",
+                         "--config.grid.seeds=(0,)"]
+  assert workdir.startswith(str(tmp_path / "gcs" / "runs")) and workdir.endswith(
+      "coverage_sweep-paper")
+
+
+def test_tpu_pod_reuses_its_vm_and_stops_at_the_first_failure(tmp_path, fake, monkeypatch):
+  tpu = _load("tpu_pod")
+  for name in ("gcloud", "tar"):
+    fake.tool(name)
+  monkeypatch.setenv("FAKE_FAIL", "tpu-vm scp")
+  assert tpu.main(_tpu_flags(tmp_path)) == 1
+  assert [c["argv"][3] for c in fake.calls("gcloud")] == ["describe", "scp"]
 
 
 def test_tpu_pod_requires_name():
@@ -64,63 +138,85 @@ def test_tpu_pod_requires_name():
     tpu.main(["--zone=z", "--dry-run"])
 
 
-def test_slurm_dry_run(capsys, tmp_path):
+def _sbatch_directives(script):
+  """{option: value} of the #SBATCH lines, as sbatch reads them."""
+  lines = [l[len("#SBATCH --"):] for l in script.splitlines() if l.startswith("#SBATCH --")]
+  return dict(l.split("=", 1) for l in lines)
+
+
+def test_slurm_submits_a_job_that_runs_the_sweep_on_every_node(tmp_path, fake):
   slurm = _load("slurm")
-  assert slurm.main(["--nodes=4", "--gpus_per_node=8", "--partition=gpu", "--time=2:00:00",
-                     f"--workdir={tmp_path}/w", "--account=acct", "--dry-run"]) == 0
-  lines = _lines(capsys)
-  script = "\n".join(lines)
-  for expected in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1",
-                   "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
-                   "#SBATCH --time=2:00:00", "#SBATCH --account=acct"):
-    assert expected in lines, expected
-  srun = [l for l in lines if l.startswith("srun ")][0]
-  assert shlex.split(srun)[2:] == [".venv/bin/bindjax", "sweep",
-                                   "--config=experiments/coverage_sweep.py:paper",
-                                   f"--workdir={tmp_path}/w"]
-  assert lines[-1] == f"sbatch {tmp_path}/w/sweep.sbatch"
-  assert not os.path.exists(f"{tmp_path}/w")  # a dry run writes nothing
-  assert "#!/bin/bash" in script
+  for name in ("sbatch", "srun"):
+    fake.tool(name)
+  venv, checkout, workdir = tmp_path / "venv", tmp_path / "checkout", tmp_path / "w"
+  fake.tool("bindjax", venv / "bin")
+  checkout.mkdir()
+  flags = ["--nodes=4", "--gpus_per_node=8", "--partition=gpu", "--time=2:00:00",
+           f"--workdir={workdir}", "--account=acct", f"--repo={checkout}", f"--venv={venv}"]
+  assert slurm.main(flags + ["--dry-run"]) == 0
+  assert not workdir.exists() and not fake.calls()   # a dry run writes and submits nothing
+  assert slurm.main(flags) == 0
+  script = workdir / "sweep.sbatch"
+  directives = _sbatch_directives(script.read_text())
+  assert {k: directives[k] for k in ("nodes", "ntasks-per-node", "gpus-per-node", "partition",
+                                     "time", "account")} == {
+      "nodes": "4", "ntasks-per-node": "1", "gpus-per-node": "8", "partition": "gpu",
+      "time": "2:00:00", "account": "acct"}
+  assert directives["output"].startswith(f"{workdir}/")
+  assert [c["argv"] for c in fake.calls("sbatch")] == [[str(script)]]
+  (run,) = fake.calls("bindjax")
+  assert run["cwd"] == str(checkout)
+  assert run["argv"] == ["sweep", f"--config={SWEEP_CONFIG}", f"--workdir={workdir}"]
   with pytest.raises(SystemExit):
     slurm.main(["--nodes=0", "--dry-run"])
 
 
-def test_local_dry_run(capsys, tmp_path, monkeypatch):
+def test_local_runs_the_sweep_then_its_report(tmp_path, fake):
   local = _load("local")
-  assert local.main([f"--workdir_root={tmp_path}", "--dry-run"]) == 0
-  lines = _lines(capsys)
-  workdir = lines[0].split(": ", 1)[1]
-  assert workdir.startswith(str(tmp_path)) and workdir.endswith("coverage_sweep-smoke")
-  sweep, report = (shlex.split(l) for l in lines[1:])
-  assert sweep[1:] == ["sweep", "--config=experiments/coverage_sweep.py:smoke",
-                       f"--workdir={workdir}"]
-  assert report[1:] == ["report", f"--workdir={workdir}"]
-  monkeypatch.setattr(local.parallel, "available_cores", lambda: [0, 1, 2, 3, 4])
-  assert local.main([f"--workdir={tmp_path}/w", "--num_processes=2", "--port=4321",
-                     "--dry-run"]) == 0
-  lines = _lines(capsys)
-  assert lines[1:3] == ["# process 0 pinned to cores 0,1,2", "# process 1 pinned to cores 3,4"]
-  assert len(lines) == 6
-  for i, line in enumerate(lines[3:5]):
-    assert f"--process_id={i}" in line and "--coordinator_address=127.0.0.1:4321" in line
-    assert "--num_processes=2" in line
-  assert not os.path.exists(f"{tmp_path}/w")
-  assert local.main([f"--workdir={tmp_path}/w", "--num_processes=2", "--no-pin",
-                     "--dry-run"]) == 0
-  assert not any("pinned" in line for line in _lines(capsys))
-  assert local.main([f"--workdir={tmp_path}/w", "--num_processes=6", "--dry-run"]) == 0
-  assert "# not pinned: more processes (6) than cores" in _lines(capsys)
+  bindjax = fake.tool("bindjax")
+  assert local.main([f"--workdir_root={tmp_path}", f"--bindjax={bindjax}", "--dry-run"]) == 0
+  assert not fake.calls()
+  workdir = tmp_path / "w"
+  assert local.main([f"--workdir={workdir}", f"--bindjax={bindjax}", "--", "--noprogress"]) == 0
+  assert [c["argv"] for c in fake.calls()] == [
+      ["sweep", "--config=experiments/coverage_sweep.py:smoke", f"--workdir={workdir}",
+       "--noprogress"],
+      ["report", f"--workdir={workdir}"]]
+
+
+def test_local_processes_join_one_sweep_before_the_report(tmp_path, fake):
+  local = _load("local")
+  bindjax = fake.tool("bindjax")
+  workdir = tmp_path / "w"
+  assert local.main([f"--workdir={workdir}", f"--bindjax={bindjax}", "--num_processes=2",
+                     "--port=4321", "--no-pin"]) == 0
+  *sweeps, report = [c["argv"] for c in fake.calls()]
+  assert report == ["report", f"--workdir={workdir}"]
+  assert sorted(a for s in sweeps for a in s if a.startswith("--process_id=")) == [
+      "--process_id=0", "--process_id=1"]
+  for argv in sweeps:
+    assert argv[:3] == ["sweep", "--config=experiments/coverage_sweep.py:smoke",
+                        f"--workdir={workdir}"]
+    assert "--coordinator_address=127.0.0.1:4321" in argv and "--num_processes=2" in argv
+    assert "--noreport" in argv   # the report runs once, after every process
+  with pytest.raises(SystemExit):
+    local.main([f"--workdir={workdir}", "--num_processes=0"])
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux CPU affinity and two cores")
-def test_local_pins_each_process_to_its_cores(capfd, tmp_path, monkeypatch):
+def test_local_pins_each_process_to_its_cores(tmp_path, fake, monkeypatch):
   local = _load("local")
-  cores = sorted(os.sched_getaffinity(0))[:2]
-  monkeypatch.setattr(local.parallel, "available_cores", lambda: cores)
-  show = [sys.executable, "-c", "import os; print('cores', sorted(os.sched_getaffinity(0)))"]
-  monkeypatch.setattr(local, "build_commands",
-                      lambda args, extra, workdir: ([show, show], [sys.executable, "-c", ""]))
-  assert local.main([f"--workdir={tmp_path}/w", "--num_processes=2"]) == 0
-  printed = sorted(l for l in capfd.readouterr().out.splitlines() if l.startswith("cores"))
-  assert printed == [f"cores [{cores[0]}]", f"cores [{cores[1]}]"]
+  bindjax = fake.tool("bindjax")
+  everything = sorted(os.sched_getaffinity(0))
+  monkeypatch.setattr(local.parallel, "available_cores", lambda: everything[:2])
+  assert local.main([f"--workdir={tmp_path / 'pinned'}", f"--bindjax={bindjax}",
+                     "--num_processes=2"]) == 0
+  *sweeps, report = fake.calls()
+  assert sorted(c["cores"] for c in sweeps) == [[everything[0]], [everything[1]]]
+  assert report["cores"] == everything
+  fake.log.unlink()
+  # More processes than cores: none is pinned.
+  assert local.main([f"--workdir={tmp_path / 'unpinned'}", f"--bindjax={bindjax}",
+                     "--num_processes=3"]) == 0
+  assert [c["cores"] for c in fake.calls()] == [everything] * 4

@@ -1,4 +1,5 @@
-"""Every preset of the experiment configs builds and validates its grid and model, uncompiled."""
+"""Every preset of experiments/ builds, validates and is what its docstring says it is."""
+import dataclasses
 import os
 
 import pytest
@@ -6,51 +7,131 @@ import pytest
 from bindjax import sweep
 from bindjax import train
 from bindjax.commands import flags
+from bindjax.complexity import analysis
+from bindjax.complexity import fitting
+from bindjax.complexity import replicas as binding
+from bindjax.geometry import config as geometry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("preset", ["smoke", "cpu", "cpu_144", "cpu_c3", "gpu_quick", "paper", "paper_20m"])
-def test_coverage_sweep_presets_expand(preset):
-  config = flags.load_config(os.path.join(REPO, "experiments", "coverage_sweep.py") + f":{preset}")
-  replicas, buckets = sweep.expand_grid(config)
-  assert len(replicas) == (len(config.grid.spaces) * len(config.grid.coverages) *
-                           len(config.grid.seeds) * max(1, len(config.grid.models)) *
-                           max(1, len(config.grid.learning_rates)) *
-                           max(1, len(config.grid.weight_decays)))
-  assert len(buckets) == len(config.grid.spaces) * max(1, len(config.grid.models))
+def load(name, arg):
+  return flags.load_config(os.path.join(REPO, "experiments", f"{name}.py") + f":{arg}")
+
+
+# Per sweep preset, as its docstring states it: the object-space sizes |O|, coverages and seeds
+# per size, training steps, and whether both towers have the product read-out.
+SWEEPS = {
+    "smoke": ((16, 36), 3, 2, 40, False),
+    "cpu": ((100,), 5, 4, 10000, True),
+    "cpu_144": ((144,), 5, 4, 12000, True),
+    "cpu_c3": ((125,), 5, 4, 10000, True),
+    "gpu_quick": ((400,), 7, 1, 15000, False),
+    "paper": ((400, 2500, 125000), 9, 3, 50000, False),
+    "paper_20m": ((400, 2500, 125000), 9, 3, 50000, False),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(SWEEPS))
+def test_coverage_sweep_presets_are_the_documented_grids(preset):
+  sizes, num_coverages, num_seeds, steps, product_readout = SWEEPS[preset]
+  replicas, buckets = sweep.expand_grid(load("coverage_sweep", preset))
+  points = {(r.space_size, r.coverage, r.seed) for r in replicas}
+  assert len(points) == len(replicas) == len(sizes) * num_coverages * num_seeds
+  assert [b.spec.space.num_objects for b in buckets] == list(sizes)   # one program per space
   for bucket in buckets:
-    assert bucket.spec.model.product_readout == config.model.product_readout
-    assert bucket.spec.sampler.train_queries == config.sampler.train_queries
+    assert {r.space_size for r in bucket.replicas} == {bucket.spec.space.num_objects}
+    assert bucket.spec.num_steps == steps
+    assert (bucket.spec.model.product_readout == "both") == product_readout
 
 
-@pytest.mark.parametrize("preset", ["smoke", "tiny", "cpu", "paper"])
-def test_train_presets_validate(preset):
-  config = flags.load_config(os.path.join(REPO, "experiments", "train.py") + f":{preset}")
-  spec = train.RunSpec.from_config(config)
-  assert spec.num_steps == config.num_steps
+# Per training preset: |O|, steps, layers and width of the towers.
+RUNS = {"smoke": (16, 60, 1, 32), "tiny": (16, 300, 1, 32), "cpu": (16, 2000, 2, 64),
+        "paper": (400, 50000, 6, 256)}
 
 
-def test_unknown_preset_is_refused(capsys):
-  with pytest.raises((flags.UsageError, SystemExit)):
-    flags.load_config(os.path.join(REPO, "experiments", "coverage_sweep.py") + ":laptop")
-  assert "'laptop'; expected smoke, cpu, cpu_144, cpu_c3, gpu_quick" in capsys.readouterr().err
+@pytest.mark.parametrize("preset", sorted(RUNS))
+def test_train_presets_are_the_documented_runs(preset):
+  spec = train.RunSpec.from_config(load("train", preset))
+  assert (spec.space.num_objects, spec.num_steps, spec.model.num_layers,
+          spec.model.d_model) == RUNS[preset]
 
 
-@pytest.mark.parametrize("preset", ["smoke", "cpu", "paper", "paper,trees", "paper,original"])
-def test_complexity_presets_validate(preset):
-  from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
-  config = flags.load_config(os.path.join(REPO, "experiments", "complexity.py") + f":{preset}")
-  fit = analysis.fit_config_from(config)
-  assert fit.steps == config.steps and fit.restarts == config.restarts
-  original = preset.endswith("original")
-  assert (fit.restarts == 1) == original and (fit.decay_for("product") == 0) == original
-  assert fit.standardize != original and config.trees == ("trees" in preset)
+@pytest.mark.parametrize("name,arg", [("coverage_sweep", "laptop"), ("train", "laptop"),
+                                      ("complexity", "laptop"), ("complexity", "paper,fast"),
+                                      ("geometry", "laptop"), ("binding", "laptop")])
+def test_unknown_preset_is_refused_by_name(name, arg, capsys):
+  with pytest.raises(SystemExit):
+    load(name, arg)
+  assert f"{arg!r}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("preset", ["smoke", "cpu", "paper"])
-def test_geometry_presets_validate(preset):
-  from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
-  config = flags.load_config(os.path.join(REPO, "experiments", "geometry.py") + f":{preset}")
-  assert config_lib.decomposition_config(config).fit.steps == config.decomposition.steps
-  assert config_lib.intervention_config(config).strengths == tuple(config.interventions.strengths)
+# (typed settings of a config, ConfigDict spelling of typed settings, the defaults).
+SPELLINGS = {"complexity": (analysis.settings_from, analysis.to_config,
+                            analysis.ComplexityConfig()),
+             "binding": (binding.settings_from, binding.to_config, binding.BindingConfig()),
+             "geometry": (geometry.settings_from, geometry.to_config, geometry.GeometryConfig())}
+PRESETS = [("complexity", p) for p in ("smoke", "cpu", "paper", "paper,trees",
+                                       "paper,original", "smoke,trees,original")] + [
+    (name, p) for name in ("binding", "geometry") for p in ("smoke", "cpu", "paper")]
+
+
+@pytest.mark.parametrize("name,arg", PRESETS)
+def test_every_preset_setting_survives_its_spelling(name, arg):
+  settings_from, to_config, _ = SPELLINGS[name]
+  settings = settings_from(load(name, arg))
+  assert settings_from(to_config(settings)) == settings
+
+
+@pytest.mark.parametrize("name", sorted(SPELLINGS))
+def test_the_paper_presets_are_the_library_defaults(name):
+  settings_from, _, defaults = SPELLINGS[name]
+  settings = settings_from(load(name, "paper"))
+  if name == "complexity":   # the presets point at the repository's own embedding set
+    assert settings.embeddings.endswith(os.path.join("tests", "data", "clevr_text"))
+    settings = dataclasses.replace(settings, embeddings=defaults.embeddings)
+  assert settings == defaults
+
+
+@pytest.mark.parametrize("name", sorted(SPELLINGS))
+def test_a_field_no_setting_takes_is_refused(name):
+  settings_from, to_config, defaults = SPELLINGS[name]
+  config = to_config(defaults)
+  config.stpes = 10
+  with pytest.raises(ValueError, match="config.stpes: not a setting"):
+    settings_from(config)
+
+
+@pytest.mark.parametrize("arg,steps,fractions,models", [
+    ("smoke", 200, 3, "mlp:64,product,sum_product"),
+    ("cpu", 1000, 9, "mlp:1024,product,sum_product"),
+    ("paper", 4000, 9, "mlp:1024,product,sum_product")])
+def test_complexity_presets_are_the_documented_grids(arg, steps, fractions, models):
+  for options in ("", ",trees", ",original"):
+    settings = analysis.settings_from(load("complexity", arg + options))
+    assert (settings.fit.steps, len(settings.train_fractions), settings.models) == (
+        steps, fractions, models)
+    assert settings.trees == (options == ",trees")
+    original = options == ",original"
+    # The original's fit: one unregularised start on raw targets, a constant learning rate.
+    assert (settings.fit.restarts == 1) == original
+    assert (settings.fit.decay_for("product") == 0) == original
+    assert settings.fit.standardize != original
+    assert (settings.fit.schedule == "constant") == original
+    assert fitting.eval_steps(settings.fit)[0] == (1 if original else settings.fit.eval_every)
+
+
+@pytest.mark.parametrize("arg,steps", [("smoke", 200), ("cpu", 3000), ("paper", 10_000)])
+def test_geometry_presets_set_the_fit_and_probe_steps(arg, steps):
+  settings = geometry.settings_from(load("geometry", arg))
+  d, i = settings.decomposition, settings.interventions
+  assert d.fit.steps == d.probe.steps == i.probe.steps == steps
+
+
+@pytest.mark.parametrize("arg,mlp,steps", [("smoke", "mlp:32", 100), ("cpu", "mlp:128", 2000),
+                                           ("paper", "mlp:1024", 4000)])
+def test_binding_presets_fit_the_documented_families(arg, mlp, steps):
+  settings = binding.settings_from(load("binding", arg))
+  assert [name for name, _ in settings.model_names()] == [
+      "additive", "sum_product", "per_object_sum_product", mlp.replace(":", "[") + "]"]
+  assert settings.fit.steps == steps

@@ -325,20 +325,21 @@ def test_threefry_matches_jax_and_key_kinds_agree():
 
 
 @pytest.mark.parametrize("large", [False, True])
-def test_distinct_set_helpers_both_branches(large, monkeypatch):
-  if large:   # the sort/compare/top_k branches meant for huge object spaces and batches
-    monkeypatch.setattr(scenes, "_TABLE_LIMIT", 4)
-    monkeypatch.setattr(scenes, "_MAX_INDEX_BITS", 2)
+def test_distinct_set_helpers_both_branches(large):
+  # Small limits take the sort/compare/top_k branches meant for huge object spaces and batches.
+  table_limit = 4 if large else scenes.TABLE_LIMIT
+  max_index_bits = 2 if large else scenes.MAX_INDEX_BITS
   rng = np.random.RandomState(0)
   ids = rng.randint(-1, 13, size=40).astype(np.int32)      # -1 and 12 (= |O|) are not objects
-  first = np.asarray(jax.jit(scenes._first_occurrences, static_argnums=1)(ids, 12))
+  first = np.asarray(jax.jit(scenes._first_occurrences, static_argnums=(1, 2))(
+      ids, 12, table_limit))
   expected = [0 <= x < 12 and x not in ids[:i] for i, x in enumerate(ids)]
   np.testing.assert_array_equal(first, expected)
 
   queries = np.array([5, -1, 3, 7, 11, -1], np.int32)
   scene_ids = rng.randint(-1, 12, size=(9, 3)).astype(np.int32)
-  labels = np.asarray(jax.jit(scenes._membership_labels, static_argnums=3)(
-      scene_ids, queries, queries >= 0, 12))
+  labels = np.asarray(jax.jit(scenes._membership_labels, static_argnums=(3, 4))(
+      scene_ids, queries, queries >= 0, 12, table_limit))
   expected = np.array([[q >= 0 and q in row for q in queries] for row in scene_ids])
   np.testing.assert_array_equal(labels, expected.astype(np.float32))
 
@@ -352,7 +353,7 @@ def test_distinct_set_helpers_both_branches(large, monkeypatch):
   @jax.jit
   def subsets(key):
     words = jax.random.bits(key, (4000, 8), jnp.uint32)
-    return jax.vmap(lambda w: scenes._random_subset(w, keep, 3))(words)
+    return jax.vmap(lambda w: scenes._random_subset(w, keep, 3, max_index_bits))(words)
 
   position, valid = jax.tree.map(np.asarray, subsets(jax.random.key(0)))
   assert valid.all()
@@ -360,7 +361,7 @@ def test_distinct_set_helpers_both_branches(large, monkeypatch):
   frequency = np.bincount(position.reshape(-1), minlength=8) / 4000
   np.testing.assert_allclose(frequency[np.asarray(keep)], 3 / 5, atol=0.03)
   position, valid = jax.tree.map(np.asarray, jax.jit(
-      lambda w: scenes._random_subset(w, keep, 7))(jnp.arange(8, dtype=jnp.uint32)))
+      lambda w: scenes._random_subset(w, keep, 7, max_index_bits))(jnp.arange(8, dtype=jnp.uint32)))
   assert valid.sum() == 5 and set(position[valid]) == {0, 2, 3, 5, 6}
 
 

@@ -46,16 +46,13 @@ def main(argv):
   prog, workdir = argv[0], fv["workdir"].value
   out = fv["out"].value or os.path.join(workdir, "binding")
   flags_lib.check_output_dir(prog, "out", out, fv["overwrite"].value)
-  config = fv["config"].value
-  with flags_lib.usage_errors(prog):
-    if "cpu_devices" not in config:
-      raise ValueError("config.cpu_devices is missing: expected a config of "
-                       "experiments/binding.py")
-    parallel.use_cpu_cores_as_devices(int(config.cpu_devices))   # before JAX starts
-  compilation_cache.enable()
   from bindjax.complexity import replicas  # pylint: disable=g-import-not-at-top
+  with flags_lib.usage_errors(prog):
+    settings = replicas.settings_from(fv["config"].value)
+    parallel.use_cpu_cores_as_devices(settings.cpu_devices)   # before JAX starts
+  compilation_cache.enable()
   with flags_lib.run_errors(prog):
-    summary = replicas.run(config, workdir, out, fv["step"].value,
+    summary = replicas.run(settings, workdir, out, fv["step"].value,
                            progress=fv["progress"].value)
   for row in summary["correlations"]:
     c = row["test_only"]

@@ -43,9 +43,11 @@ def main(argv):
   flags_lib.parse(fv, argv, required=("config", "workdir"), description=__doc__)
   prog, workdir = argv[0], fv["workdir"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
-  compilation_cache.enable()
   from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
+  with flags_lib.usage_errors(prog):
+    settings = analysis.settings_from(fv["config"].value)
+  compilation_cache.enable()
   with flags_lib.run_errors(prog):
-    analysis.run(fv["config"].value, workdir, progress=fv["progress"].value)
+    analysis.run(settings, workdir, progress=fv["progress"].value)
   print(f"wrote {workdir}/results.csv, summary.csv, results.json and complexity.png")
   return 0

@@ -26,9 +26,9 @@ def main(argv):
   from bindjax.geometry import analysis  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
   with flags_lib.usage_errors(prog):
-    cfg = config_lib.from_flags(fv)
+    settings = config_lib.from_flags(fv)
   with flags_lib.run_errors(prog):
-    results, path = analysis.decompose(cfg, fv["embeddings"].value, workdir)
+    results, path = analysis.decompose(settings, fv["embeddings"].value, workdir)
   fits = results["fits"]
   print(f"{path}: R² object model {fits['object']['r2_all']:.4f}, concept model "
         f"{fits['concept']['r2_all']:.4f}; " + ", ".join(

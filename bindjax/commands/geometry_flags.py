@@ -10,7 +10,7 @@ def new_flag_values():
   Commands add their own flags before calling `parse`.
   """
   fv = flags_lib.new_flag_values(config_help="geometry config (experiments/geometry.py:ARG; "
-                                 "default: paper settings)")
+                                 "default: the settings of docs/geometry.md)")
   flags.DEFINE_string("embeddings", None, "embedding set: native directory, reference folder "
                       "or TFDS dataset", flag_values=fv)
   flags_lib.define_overwrite(fv)

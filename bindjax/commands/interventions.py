@@ -28,9 +28,9 @@ def main(argv):
   from bindjax.geometry import analysis  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
   with flags_lib.usage_errors(prog):
-    cfg = config_lib.from_flags(fv)
+    settings = config_lib.from_flags(fv)
   with flags_lib.run_errors(prog):
-    summary = analysis.intervene(cfg, fv["embeddings"].value, workdir)
+    summary = analysis.intervene(settings, fv["embeddings"].value, workdir)
   print(f"{workdir}: {summary['num_cases']} cases from "
         f"{summary['num_scenes_with_different_shapes']} scenes with two different shapes")
   for bank, result in summary["results"].items():

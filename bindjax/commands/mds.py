@@ -25,9 +25,9 @@ def main(argv):
   from bindjax.geometry import analysis  # pylint: disable=g-import-not-at-top
   from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
   with flags_lib.usage_errors(prog):
-    cfg = config_lib.from_flags(fv)
+    settings = config_lib.from_flags(fv)
   with flags_lib.run_errors(prog):
-    written = analysis.mds_quadruples(cfg, fv["embeddings"].value, workdir,
+    written = analysis.mds_quadruples(settings, fv["embeddings"].value, workdir,
                                       fv["quadruple"].value or ())
   for path, result in written:
     print(f"{path}: stress {result['stress']:.4g} (stress-1 {result['stress_1']:.3f}); "

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bindjax import objectives
+from bindjax import parallel
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import fitting
 from bindjax.probes import linear
@@ -143,7 +144,7 @@ def candidates(num_objects, seeds, learning_rates, config):
 
 
 def measure(models, data, seeds, learning_rates, config, fit_config, probes=None, mesh=None,
-            chunk_size="auto", memory_bytes=None, on_eval=None):
+            chunk_size=parallel.AUTO, memory_bytes=None, on_eval=None):
   """Prequential code length of every (approximator, seed) on `data` (a ComplexityData).
 
   The fits train fit_config.steps steps with one evaluation at the end (scored by `probes`,

@@ -29,6 +29,8 @@ FAMILIES = ("mlp", "additive", "product", "sum_product", "per_object_product",
 # Families with a second set of slot tables (the additive part) and with an optional learned W.
 _SUM_TABLES = ("sum_product", "per_object_sum_product")
 _HAS_W = ("product", "sum_product", "per_object_sum_product")
+# Slot embedding width E of every family unless set; 0 means the embedding width D.
+EMBED_DIM = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +41,7 @@ class Approximator:
   max_objects: int
   out_dim: int
   widths: tuple = ()          # MLP hidden widths
-  embed_dim: int = 0          # slot embedding width E; 0 means out_dim (D)
+  embed_dim: int = EMBED_DIM  # slot embedding width E
   learned_w: bool = False     # families with W: learn W (init I) instead of W = I
 
   def __post_init__(self):
@@ -154,7 +156,7 @@ def _lookup(tables_SxVxE, slots_NxS):
   return tables_SxVxE[jnp.arange(tables_SxVxE.shape[0])[None, :], slots_NxS]
 
 
-def make(family, values_per_concept, max_objects, out_dim, widths=(), embed_dim=0,
+def make(family, values_per_concept, max_objects, out_dim, widths=(), embed_dim=EMBED_DIM,
          learned_w=False):
   """Approximator from plain values (config-friendly)."""
   return Approximator(family=family, values_per_concept=tuple(values_per_concept),
@@ -163,7 +165,7 @@ def make(family, values_per_concept, max_objects, out_dim, widths=(), embed_dim=
                       learned_w=bool(learned_w))
 
 
-def parse_models(spec, values_per_concept, max_objects, out_dim, embed_dim=0):
+def parse_models(spec, values_per_concept, max_objects, out_dim, embed_dim=EMBED_DIM):
   """Approximators from a tuple of names (or a comma list) such as
   ("mlp:1024", "mlp:512x512", "additive", "product:W").
 

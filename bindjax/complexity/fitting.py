@@ -37,6 +37,8 @@ PAD_RATIO = 1.25
 # each object's C slots; additive and MLP fits are not regularised by default.
 WEIGHT_DECAY = {"mlp": 0.0, "additive": 0.0, "product": 3e-4, "sum_product": 3e-4,
                 "per_object_product": 3e-3, "per_object_sum_product": 3e-3}
+# The original's learning rate: the complexity grid's default and that of every binding fit.
+LEARNING_RATE = 1e-2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +115,33 @@ class FitConfig:
 
 # The ORIGINAL settings reproduce the original code's single unregularised fit.
 ORIGINAL = dict(standardize=False, weight_decay="0", restarts=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """What a command that fits approximators sets besides their FitConfig: the approximators'
+  slot width and how their fits are chunked on the devices."""
+  embed_dim: int = families.EMBED_DIM
+  chunk_size: str = parallel.AUTO   # auto | none | n models at once (parallel.chunk_setting)
+  memory_bytes: int = 0             # the memory "auto" chunks for; 0: the device's
+
+  def validate(self):
+    """Returns self; ValueError naming the bad field."""
+    parallel.chunk_setting(self.chunk_size)
+    if self.embed_dim < 0 or self.memory_bytes < 0:
+      raise ValueError(f"embed_dim={self.embed_dim}, memory_bytes={self.memory_bytes}: expected "
+                       "≥ 0")
+    return self
+
+  @property
+  def chunks(self):
+    """The chunk_size argument of `fit_grid` and `fit_models`."""
+    return parallel.chunk_setting(self.chunk_size)
+
+  @property
+  def memory(self):
+    """The memory_bytes argument of `fit_grid` and `fit_models` (None: the device's)."""
+    return int(self.memory_bytes) or None
 
 
 def eval_steps(config):
@@ -331,7 +360,7 @@ def auto_mesh(num_models, devices=None):
   return parallel.make_mesh(devices=devices[:used])
 
 
-def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto",
+def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parallel.AUTO,
                memory_bytes=None, on_eval=None, keep_params=False, own=None):
   """Fits M models of one shape (M = len of points) as one compiled batch over the mesh.
 
@@ -352,9 +381,9 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size="auto"
   padded, valid = parallel.pad_to_multiple((points, rows_MxT, valid_MxT, selection, own),
                                           shards)
   per_device = len(valid) // shards
-  if chunk_size == "auto" and shards == 1 and mesh.devices.flat[0].platform == "cpu":
+  if chunk_size == parallel.AUTO and shards == 1 and mesh.devices.flat[0].platform == "cpu":
     chunk_size = 1  # Unbatched, one model at a time: see _map_models.
-  elif chunk_size == "auto":
+  elif chunk_size == parallel.AUTO:
     # The restart candidates of one fit are held at once (one vmap).
     chunk_size = parallel.choose_chunk_size(
         bytes_per_model(model, rows_MxT.shape[1], data.num_scenes, data.num_unique)
@@ -478,8 +507,8 @@ def batches_by_count(counts, pad_ratio=PAD_RATIO):
   return [sorted(g) for g in groups]
 
 
-def fit_grid(entries, data, probes, config, mesh=None, chunk_size="auto", memory_bytes=None,
-             on_eval=None, own=None, pad_ratio=PAD_RATIO):
+def fit_grid(entries, data, probes, config, mesh=None, chunk_size=parallel.AUTO,
+             memory_bytes=None, on_eval=None, own=None, pad_ratio=PAD_RATIO):
   """Fits every entry: one jit(vmap) per approximator shape and training-count batch.
 
   Returns (result rows in entry order, infos per batch). Each row holds the grid coordinates,

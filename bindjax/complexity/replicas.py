@@ -1,7 +1,9 @@
 """Every replica's binding function: the approximator families fitted to each replica of a sweep
 on its own coverage split, beside the replica's held-out accuracy (docs/binding.md).
 
-`run(config, workdir, out, step)` is the `bindjax binding` flow. Per bucket of the sweep, one
+`run(settings, workdir, out, step)` is the `bindjax binding` flow, for a `BindingConfig` (whose
+dataclasses hold every default; `to_config` and `settings_from` turn it into the ConfigDict
+`--config` overrides and back; presets: experiments/binding.py). Per bucket of the sweep, one
 checkpoint restore gives every replica's parameters (best or final, `extract.load_bucket`), one
 vmapped forward pass embeds every two-object scene of the bucket's objects with each replica's
 scene tower and gives each replica's concept and object probe vectors from its query tower
@@ -22,9 +24,11 @@ import os
 import time
 
 import jax
+import ml_collections
 import numpy as np
 from scipy import stats
 
+from bindjax import config_values
 from bindjax import errors
 from bindjax import extract
 from bindjax import files
@@ -64,12 +68,70 @@ CSV_COLUMNS = (*REPLICA_COLUMNS, "status", results.STEP, "checkpoint", results.D
                *SWEEP_METRICS, "fit_learning_rate", "fit_seed", *FIT_COLUMNS, "fit_diverged")
 
 
-def fit_config_from(config):
-  """FitConfig of a binding config's `fit` fields (ValueError naming a bad field)."""
-  try:
-    return fitting.FitConfig(**config.fit.to_dict()).validate()
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"fit: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class BindingConfig(fitting.EngineConfig):
+  """Settings of `bindjax binding` (docs/binding.md): the families fitted to every replica, one
+  FitConfig and learning rate for all of them, and the encoding and statistics around the fits."""
+  models: str = "additive,sum_product,per_object_sum_product,mlp:1024"   # comma string
+  learning_rate: float = fitting.LEARNING_RATE
+  fit_seed: int = 0             # the initialisation key of every fit
+  fit: fitting.FitConfig = fitting.FitConfig()
+  # Fits of one family whose training counts are within this factor run as one compiled batch
+  # (inf: one batch per family and bucket, every replica padded to the largest count).
+  pad_ratio: float = fitting.PAD_RATIO
+  encode_batch: int = 1024      # scenes per replica per forward pass
+  # CPU hosts: -1 one single-threaded device per core, as config.sweep.cpu_devices of a sweep.
+  cpu_devices: int = -1
+  bootstrap: int = 1000         # resamples of the replicas for the interval of Spearman's ρ
+  save_embeddings: bool = False   # also write every fitted replica's embedding set
+
+  def validate(self):
+    """Returns self; ValueError naming the bad field (as the config spells it)."""
+    super().validate()
+    try:
+      self.fit.validate()
+    except ValueError as e:
+      raise ValueError(f"fit.{e}") from None
+    self.model_names()
+    if not self.learning_rate > 0:
+      raise ValueError(f"learning_rate={self.learning_rate}: expected > 0")
+    if not self.pad_ratio >= 1:
+      raise ValueError(f"pad_ratio={self.pad_ratio}: expected ≥ 1 (inf: one batch)")
+    for name in ("encode_batch", "bootstrap"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name}={getattr(self, name)}: expected ≥ 1")
+    return self
+
+  def model_names(self):
+    """[(name, family)] of the models, in config order; ValueError naming a bad model."""
+    # Names and families do not depend on the shapes of the data.
+    return [(m.name, m.family)
+            for m in families.parse_models(self.models, (2, 2), 2, 2, self.embed_dim)]
+
+
+def to_config(settings):
+  """The ConfigDict spelling of BindingConfig `settings` (every FitConfig field under fit)."""
+  c = ml_collections.ConfigDict(config_values.fields(settings, exclude=("fit",)))
+  c.fit = ml_collections.ConfigDict(config_values.fields(settings.fit))
+  return c
+
+
+def default_config():
+  """The ConfigDict of the default settings (presets: experiments/binding.py)."""
+  return to_config(BindingConfig())
+
+
+def settings_from(config):
+  """The validated BindingConfig of a binding ConfigDict; ValueError naming a bad field."""
+  values = config.to_dict()
+  fit_values = values.pop("fit")
+  fit = config_values.pop_settings(fitting.FitConfig, fit_values)
+  config_values.check_all_used(fit_values, "config.fit.")
+  settings = config_values.pop_settings(BindingConfig, values, fit=fit)
+  config_values.check_all_used(values, "config.")
+  return settings.validate()
 
 
 def replica_evaluations(workdir, step):
@@ -140,7 +202,7 @@ def encode_bucket(loaded, positions, batch_size, mesh=None):
 
 
 def fit_replicas(sets, models, fit_config, learning_rate, fit_seed, mesh=None,
-                 chunk_size="auto", memory_bytes=None, on_eval=None,
+                 chunk_size=parallel.AUTO, memory_bytes=None, on_eval=None,
                  pad_ratio=fitting.PAD_RATIO):
   """Fits every model to every embedding set (one bucket's replicas: the same scenes) on the
   set's own coverage split, scored by the set's own probes. Returns (complexity rows, model-major
@@ -179,7 +241,7 @@ def fit_part(fit, fit_config, learning_rate, fit_seed):
   return part
 
 
-def rank_correlation(x, y, num_bootstrap=1000, level=0.95, seed=0):
+def rank_correlation(x, y, num_bootstrap, level=0.95, seed=0):
   """Spearman's ρ of the finite pairs (x, y) and its percentile bootstrap interval over
   resampled pairs: {"rho", "interval", "num_points"}; ρ None with fewer than 3 pairs or a
   constant side, interval None when fewer than half the resamples give a ρ."""
@@ -202,7 +264,7 @@ def rank_correlation(x, y, num_bootstrap=1000, level=0.95, seed=0):
   return out
 
 
-def correlations(rows, num_bootstrap=1000):
+def correlations(rows, num_bootstrap):
   """Per fitted model name: rank_correlation of ACCURACY_COLUMN against QUALITY_COLUMN over the
   fitted replicas (and of ACCURACY_COLUMN against the train-only R², a control)."""
   names = list(dict.fromkeys(r["name"] for r in rows if r["status"] == "fitted"))
@@ -235,52 +297,32 @@ def correlations_markdown(table, step):
   return "\n".join(lines) + "\n"
 
 
-def check_config(config):
-  """(FitConfig, chunk setting, [(name, family)] of the models) of a binding config;
-  errors.ConfigError when bad."""
-  with errors.config_errors():
-    fit_config = fit_config_from(config)
-    chunk = parallel.chunk_setting(config.chunk_size)
-    # Names and families do not depend on the shapes of the data.
-    names = [(m.name, m.family)
-             for m in families.parse_models(config.models, (2, 2), 2, 2, int(config.embed_dim))]
-    if not float(config.learning_rate) > 0:
-      raise ValueError(f"learning_rate={config.learning_rate}: expected > 0")
-    if not float(config.pad_ratio) >= 1:
-      raise ValueError(f"pad_ratio={config.pad_ratio}: expected ≥ 1 (inf: one batch)")
-    for name in ("encode_batch", "bootstrap"):
-      if int(config[name]) < 1:
-        raise ValueError(f"{name}={config[name]}: expected ≥ 1")
-  return fit_config, chunk, names
-
-
-def _fit_bucket(workdir, run_info, bucket, positions, evaluations, step, config, mesh, on_eval,
+def _fit_bucket(workdir, run_info, bucket, positions, evaluations, step, settings, mesh, on_eval,
                 log):
   """Encodes and fits the replicas at `positions` of a bucket. Returns ({replica index:
   (checkpoint, fit rows in model order)}, timing dict, fit infos, embedding sets)."""
   if bucket.spec.space.max_objects != 2:
     raise ValueError(f"bucket {bucket.index}: max_objects={bucket.spec.space.max_objects}; "
                      "the analysis embeds two-object scenes and needs K = 2")
-  fit_config, chunk, _ = check_config(config)
   start = time.perf_counter()
   loaded = extract.load_bucket(workdir, bucket.index, "best" if step == "best" else "latest",
                                run_info)
   _check_steps(loaded, positions, evaluations, step)
   extract.check_pairs(loaded.model, loaded.space)
   load_s = time.perf_counter() - start
-  sets, encode_s = encode_bucket(loaded, positions, int(config.encode_batch), mesh)
+  sets, encode_s = encode_bucket(loaded, positions, settings.encode_batch, mesh)
   with errors.config_errors():
-    models = families.parse_models(config.models, loaded.space.values_per_concept, 2,
-                                   sets[0].dim, int(config.embed_dim))
+    models = families.parse_models(settings.models, loaded.space.values_per_concept, 2,
+                                   sets[0].dim, settings.embed_dim)
   start = time.perf_counter()
-  learning_rate, fit_seed = float(config.learning_rate), int(config.fit_seed)
-  fits, infos = fit_replicas(sets, models, fit_config, learning_rate, fit_seed, mesh, chunk,
-                             int(config.memory_bytes) or None, on_eval, float(config.pad_ratio))
+  fits, infos = fit_replicas(sets, models, settings.fit, settings.learning_rate,
+                             settings.fit_seed, mesh, settings.chunks, settings.memory, on_eval,
+                             settings.pad_ratio)
   fit_s = time.perf_counter() - start
   fitted = {s.provenance["replica"]: (s.provenance["checkpoint"], []) for s in sets}
   for fit, entry_set in zip(fits, sets * len(models)):   # fits: model-major, then set order
     fitted[entry_set.provenance["replica"]][1].append(
-        fit_part(fit, fit_config, learning_rate, fit_seed))
+        fit_part(fit, settings.fit, settings.learning_rate, settings.fit_seed))
   timing = {"bucket": bucket.index, "replicas": len(positions),
             "space_size": loaded.space.num_objects, "num_scenes": sets[0].num_scenes,
             "load_s": load_s, "encode_s": encode_s, "fit_s": fit_s,
@@ -291,15 +333,16 @@ def _fit_bucket(workdir, run_info, bucket, positions, evaluations, step, config,
   return fitted, timing, infos, sets
 
 
-def run(config, workdir, out, step="final", mesh=None, log=print, progress=True):
-  """The `bindjax binding` flow on the sweep in `workdir`; writes the outputs to `out` (made if
-  needed; the caller refuses a non-empty one) and returns the summary dict.
+def run(settings, workdir, out, step=results.DEFAULT_STEP, mesh=None, log=print, progress=True):
+  """The `bindjax binding` flow on the sweep in `workdir` for a validated BindingConfig
+  (`settings_from`); writes the outputs to `out` (made if needed; the caller refuses a non-empty
+  one) and returns the summary dict.
 
-  A bad config value raises errors.ConfigError; bad or unusable sweep data ValueError; nothing
-  is written before every bucket has been fitted. mesh: devices of the encoding and fits
-  (default: `fitting.auto_mesh` per batch).
+  A setting the sweep cannot serve raises errors.ConfigError; bad or unusable sweep data
+  ValueError; nothing is written before every bucket has been fitted. mesh: devices of the
+  encoding and fits (default: `fitting.auto_mesh` per batch).
   """
-  fit_config, _, names = check_config(config)
+  names = settings.model_names()
   if step not in results.STEPS:
     raise errors.ConfigError(f"step={step!r}: expected one of {results.STEPS}")
   workdir = os.path.abspath(os.fspath(workdir))
@@ -311,7 +354,7 @@ def run(config, workdir, out, step="final", mesh=None, log=print, progress=True)
       log(f"replica {index}: {status}; not fitted")
   to_fit = [[p for p, r in enumerate(b.replicas) if evaluations[r.index][0] == "fitted"]
             for b in buckets]
-  total = sum(map(len, to_fit)) * len(names) * fitting.eval_steps(fit_config)[-1]
+  total = sum(map(len, to_fit)) * len(names) * fitting.eval_steps(settings.fit)[-1]
   bars = []   # the bar starts with the first fit step, so a refusal before it prints one line
 
   def on_eval(units_done, loss_M):
@@ -324,11 +367,12 @@ def run(config, workdir, out, step="final", mesh=None, log=print, progress=True)
     for bucket, positions in zip(buckets, to_fit):
       if positions:
         parts, timing, bucket_infos, sets = _fit_bucket(
-            workdir, run_info, bucket, positions, evaluations, step, config, mesh, on_eval, log)
+            workdir, run_info, bucket, positions, evaluations, step, settings, mesh, on_eval,
+            log)
         fitted.update(parts)
         timings.append(timing)
         infos.extend(bucket_infos)
-        saved.extend(sets if config.save_embeddings else [])
+        saved.extend(sets if settings.save_embeddings else [])
   finally:
     for bar, _ in bars:
       bar.close()
@@ -340,11 +384,11 @@ def run(config, workdir, out, step="final", mesh=None, log=print, progress=True)
     head = replica_row(replica.coordinates(), *evaluations[replica.index])
     checkpoint, parts = fitted.get(replica.index, (None, empty))
     rows.extend(dict(head, checkpoint=checkpoint, **part) for part in parts)
-  table = correlations(rows, int(config.bootstrap))
-  return _write(out, config, workdir, step, rows, table, timings, infos, saved, fit_config)
+  table = correlations(rows, settings.bootstrap)
+  return _write(out, settings, workdir, step, rows, table, timings, infos, saved)
 
 
-def _write(out, config, workdir, step, rows, table, timings, infos, saved, fit_config):
+def _write(out, settings, workdir, step, rows, table, timings, infos, saved):
   from bindjax.plots import binding_fits  # pylint: disable=g-import-not-at-top
   os.makedirs(out, exist_ok=True)
   for es in saved:
@@ -355,8 +399,8 @@ def _write(out, config, workdir, step, rows, table, timings, infos, saved, fit_c
   counts = {s: len({r[results.REPLICA] for r in rows if r["status"] == s}) for s in STATUSES}
   fit_s = sum(t["fit_s"] for t in timings)
   summary = {
-      "workdir": workdir, "step": step, "config": config.to_dict(),
-      "fit_config": dataclasses.asdict(fit_config), "replicas": counts,
+      "workdir": workdir, "step": step, "config": to_config(settings).to_dict(),
+      "fit_config": dataclasses.asdict(settings.fit), "replicas": counts,
       "timings": timings, "fit_s": fit_s,
       "fit_s_per_replica": fit_s / counts["fitted"] if counts["fitted"] else None,
       "buckets": [{k: v for k, v in i.items() if k != "params"} for i in infos],

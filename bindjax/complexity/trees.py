@@ -19,7 +19,7 @@ from bindjax.complexity import fitting
 TREE_MODELS = ("random_forest", "gradient_boosting")
 
 
-def make_regressor(kind, num_estimators=100, seed=0):
+def make_regressor(kind, num_estimators, seed=0):
   """An sklearn multi-output regressor of the given kind."""
   if kind == "random_forest":
     return ensemble.RandomForestRegressor(n_estimators=num_estimators, random_state=seed,
@@ -30,8 +30,7 @@ def make_regressor(kind, num_estimators=100, seed=0):
   raise ValueError(f"tree model {kind!r}: expected one of {TREE_MODELS}")
 
 
-def fit_trees(kind, data, probes, fractions, seeds, num_estimators=100,
-              similarity="dot"):
+def fit_trees(kind, data, probes, fractions, seeds, num_estimators, similarity="dot"):
   """Fits one tree model per (fraction, seed) and scores it like the neural approximators.
 
   Returns result rows with the same keys as `fitting.fit_grid` rows (history of one

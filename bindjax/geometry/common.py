@@ -9,12 +9,19 @@ import os
 
 import numpy as np
 
+from bindjax import config_values
 from bindjax import errors
 
 BANKS = ("obj-avg", "pos-avg", "single-object")
 # How obj-avg weighs a scene holding the same object twice: twice ("occurrences", the original
-# code's average over slot occurrences) or once ("scenes").
+# code's average over slot occurrences, the default) or once ("scenes").
 OBJ_AVG_COUNTINGS = ("occurrences", "scenes")
+OBJ_AVG_COUNTING = OBJ_AVG_COUNTINGS[0]
+# Which concept the analyses edit as the "attribute" and which they keep as the "shape"
+# (clevr_text: colour, then shape).
+ATTRIBUTE_CONCEPT, SHAPE_CONCEPT = 0, 1
+# Cosines within this of the best one count as a tie in retrieval.
+TIE_TOLERANCE = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +82,7 @@ def _means(member_UxN, values_NxD):
   return sums_UxD / np.maximum(counts_U, 1)[:, None], counts_U > 0
 
 
-def object_bank(name, index, embeddings_AxD, obj_avg_counting="occurrences"):
+def object_bank(name, index, embeddings_AxD, obj_avg_counting=OBJ_AVG_COUNTING):
   """Bank `name` (one of BANKS) from the rows of `embeddings_AxD` (all rows of the set).
 
   obj-avg: mean of the 2-object scenes containing the object, over its slot occurrences (a
@@ -109,6 +116,20 @@ def object_bank(name, index, embeddings_AxD, obj_avg_counting="occurrences"):
   raise ValueError(f"unknown object bank {name!r}; expected one of {BANKS}")
 
 
+def bank_names(value, field):
+  """The bank names of a setting (a tuple, or a comma list): () for every bank the set supports,
+  which an empty value or "auto" asks for."""
+  banks = config_values.names(value, field)
+  return () if banks == ("auto",) else banks
+
+
+def banks_to_run(banks, index):
+  """The banks a run computes: `banks` (checked), or for () every bank the set supports."""
+  if banks:
+    return check_banks(banks, index)
+  return tuple(b for b in BANKS if b != "single-object" or index.has_single_objects)
+
+
 def check_banks(banks, index):
   """Validates bank names up front (so commands fail before writing anything)."""
   banks = tuple(banks)
@@ -137,7 +158,7 @@ def normalize(x_NxD):
 
 
 def top1_retrieval(queries_QxD, pool_NxD, target_key_Q, pool_key_N, target_set_key_Q,
-                   pool_set_key_N, tie_tolerance=1e-6, chunk=1024):
+                   pool_set_key_N, tie_tolerance=TIE_TOLERANCE, chunk=1024):
   """Top-1 cosine retrieval of each query among the pool rows.
 
   Keys identify scenes: `*_key` an ordered scene, `*_set_key` the unordered object multiset. The

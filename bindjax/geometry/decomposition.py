@@ -66,15 +66,19 @@ class AdditiveFitConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DecompositionConfig:
+  """Settings of a decomposition run: the additive fits, the suite's probes, the banks."""
   fit: AdditiveFitConfig = AdditiveFitConfig()
   probe: linear.ProbeConfig = linear.ProbeConfig()
-  banks: tuple | None = None        # None: every bank the set supports
+  banks: tuple = ()                 # (): every bank the set supports
   control_seed: int = 0             # permutation of the controls
-  tie_tolerance: float = 1e-6
+  tie_tolerance: float = common.TIE_TOLERANCE
   # Reconstruction subtracted in the suite: the exact least-squares solution of each additive
   # model (default; the optimum the fit approaches) or the AdamW-fitted tables as they end.
   subtract: str = "least_squares"
-  obj_avg_counting: str = "occurrences"  # see common.OBJ_AVG_COUNTINGS
+  obj_avg_counting: str = common.OBJ_AVG_COUNTING
+
+  def __post_init__(self):
+    object.__setattr__(self, "banks", common.bank_names(self.banks, "banks"))
 
   def validate(self):
     if self.subtract not in SUBTRACT:
@@ -254,10 +258,7 @@ def run_decomposition(embedding_set, config=DecompositionConfig()):
   """Both additive fits, the object estimates and the subtraction suite; returns a results dict."""
   config.validate()
   index = common.scene_index(embedding_set)
-  if config.banks is None:
-    banks = tuple(b for b in common.BANKS if b != "single-object" or index.has_single_objects)
-  else:
-    banks = common.check_banks(config.banks, index)
+  banks = common.banks_to_run(config.banks, index)
   values_per_concept = tuple(int(v) for v in embedding_set.values_per_concept)
   num_u = index.num_objects
   embeddings_AxD = np.asarray(embedding_set.embeddings, np.float64)

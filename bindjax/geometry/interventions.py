@@ -19,6 +19,7 @@ import random
 
 import numpy as np
 
+from bindjax import config_values
 from bindjax import files
 from bindjax.geometry import common
 from bindjax.probes import linear
@@ -34,19 +35,23 @@ SKIP_REASONS = ("no_target_attribute", "edited_object_absent", "counterpart_abse
 
 @dataclasses.dataclass(frozen=True)
 class InterventionConfig:
-  """Settings of an intervention run; banks=None means every bank the set supports."""
-  banks: tuple | None = None
-  strengths: tuple = (1.0,)
-  attribute_concept: int = 0
-  shape_concept: int = 1
+  """Settings of an intervention run."""
+  banks: tuple = ()                 # (): every bank the set supports
+  strengths: tuple = (1.0,)         # edit strengths k
+  attribute_concept: int = common.ATTRIBUTE_CONCEPT
+  shape_concept: int = common.SHAPE_CONCEPT
   seed: int = 42
   target_draws: str = "per_scene"
   pool: str = "all"
-  tie_tolerance: float = 1e-6
+  tie_tolerance: float = common.TIE_TOLERANCE
   probes: str = "auto"              # stored probe vectors if the set has them, else fitted ones
   probe: linear.ProbeConfig = linear.ProbeConfig()
   probes_file: str = ""             # a probes.npz of `bindjax probe`: used instead of `probes`
-  obj_avg_counting: str = "occurrences"  # see common.OBJ_AVG_COUNTINGS
+  obj_avg_counting: str = common.OBJ_AVG_COUNTING
+
+  def __post_init__(self):
+    object.__setattr__(self, "banks", common.bank_names(self.banks, "banks"))
+    object.__setattr__(self, "strengths", config_values.numbers(self.strengths, "strengths"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +94,7 @@ def validate_config(config, embedding_set, index):
                      f"{common.OBJ_AVG_COUNTINGS}")
   if config.probes_file:
     linear.weights_from_file(config.probes_file, embedding_set.values_per_concept)
-  strengths = tuple(float(k) for k in config.strengths)
-  if not strengths:
-    raise ValueError("strengths: expected at least one edit strength k")
-  if config.banks is None:
-    return tuple(b for b in common.BANKS if b != "single-object" or index.has_single_objects)
-  return common.check_banks(config.banks, index)
+  return common.banks_to_run(config.banks, index)
 
 
 def enumerate_cases(embedding_set, index, config):
@@ -175,8 +175,7 @@ def _rates(flags):
   return {name: (float(np.mean(v)) if len(v) else None) for name, v in flags.items()}
 
 
-def _evaluate_bank(bank, cases, index, embeddings_AxD, keys, pool_rows, weights, strengths,
-                   config):
+def _evaluate_bank(bank, cases, index, embeddings_AxD, keys, pool_rows, weights, config):
   """Scores every usable case with one bank: (result dict, JSONL rows)."""
   scene_key_A, set_key_A = keys
   skipped = {r: sum(c.skipped == r for c in cases) for r in SKIP_REASONS}
@@ -202,7 +201,7 @@ def _evaluate_bank(bank, cases, index, embeddings_AxD, keys, pool_rows, weights,
   groups = {"all": np.ones(len(chosen), bool), "shared_attribute": shared_Q,
             "different_attribute": ~shared_Q}
   by_strength = {}
-  for k in strengths:
+  for k in config.strengths:
     edited_QxD = z_QxD - k * delta_QxD
     retrieval = common.top1_retrieval(
         edited_QxD, embeddings_AxD[pool_rows], scene_key_A[target_rows_Q], scene_key_A[pool_rows],
@@ -240,7 +239,6 @@ def run_interventions(embedding_set, config=InterventionConfig()):
   """
   index = common.scene_index(embedding_set)
   banks = validate_config(config, embedding_set, index)
-  strengths = tuple(float(k) for k in config.strengths)
   cases = enumerate_cases(embedding_set, index, config)
   embeddings_AxD = np.asarray(embedding_set.embeddings, np.float64)
   keys = common.scene_keys(index.scene_ids_AxK)
@@ -250,7 +248,7 @@ def run_interventions(embedding_set, config=InterventionConfig()):
   for bank_name in banks:
     bank = common.object_bank(bank_name, index, embeddings_AxD, config.obj_avg_counting)
     results[bank_name], bank_rows = _evaluate_bank(bank, cases, index, embeddings_AxD, keys,
-                                                   pool_rows, weights, strengths, config)
+                                                   pool_rows, weights, config)
     rows += bank_rows
   rows += [{"case": i, "scene_row": c.scene_row, "slot": c.slot,
             "objects": index.unique_UxC[list(c.ids)], "target_attribute": c.target,
@@ -262,7 +260,7 @@ def run_interventions(embedding_set, config=InterventionConfig()):
       "num_cases": len(cases),
       "num_skipped_before_banks": sum(1 for c in cases if c.skipped),
       "banks": list(banks),
-      "strengths": list(strengths),
+      "strengths": list(config.strengths),
       "probes": probe_source,
       "config": dataclasses.asdict(config),
       "results": results,
@@ -298,10 +296,11 @@ def load_summary(path):
   return summary
 
 
-def summary_table(summaries, strength=None, metric="retrieval", group="all", digits=2):
-  """(markdown, latex) tables: one row per (dataset, model), one column per bank.
+def summary_table(summaries, strength, metric, group, digits=2):
+  """(markdown, latex) tables: one row per (dataset, model), one column per bank, each cell the
+  `metric` of the cases in `group` (the choices and defaults of `bindjax interventions-table`).
 
-  `strength` selects k (default: the first strength of each run); a bank a run lacks shows "–".
+  `strength` selects k (None: the first strength of each run); a bank a run lacks shows "–".
   """
   columns = [b for b in common.BANKS if any(b in s["results"] for s in summaries)]
   body = []

@@ -19,11 +19,22 @@ KINDS = ("attribute", "shape", "object", "composite", "sum")
 
 
 @dataclasses.dataclass(frozen=True)
+class MdsConfig:
+  """Settings of the quadruple MDS."""
+  quadruples: tuple = ()      # "a,b,x,y" specs, for a run given no quadruple of its own
+  bank: str = "pos-avg"       # the bank of the object estimates
+  random_state: int = 0
+  n_init: int = 4             # MDS initialisations; the lowest stress is kept
+  attribute_concept: int = common.ATTRIBUTE_CONCEPT
+  shape_concept: int = common.SHAPE_CONCEPT
+
+
+@dataclasses.dataclass(frozen=True)
 class Quadruple:
   attributes: tuple   # (a, b) values of the attribute concept
   shapes: tuple       # (x, y) values of the shape concept
 
-  def label(self, embedding_set, attribute_concept=0, shape_concept=1):
+  def label(self, embedding_set, attribute_concept, shape_concept):
     names = [common.value_name(embedding_set, attribute_concept, v) for v in self.attributes]
     names += [common.value_name(embedding_set, shape_concept, v) for v in self.shapes]
     return "-".join(names)
@@ -42,14 +53,15 @@ def _value(embedding_set, concept, token, role):
                    f"{concept}; expected one of {known}")
 
 
-def parse_quadruple(embedding_set, spec, attribute_concept=0, shape_concept=1):
-  """Quadruple from "a,b,x,y" (value names or indices) or a 4-sequence."""
+def parse_quadruple(embedding_set, spec, config=MdsConfig()):
+  """Quadruple from "a,b,x,y" (value names or indices) or a 4-sequence; the attribute and shape
+  concepts are the config's."""
   parts = spec.split(",") if isinstance(spec, str) else list(spec)
   if len(parts) != 4:
     raise ValueError(f"quadruple {spec!r}: expected 4 values 'attribute_a,attribute_b,shape_x,"
                      "shape_y'")
-  a, b = (_value(embedding_set, attribute_concept, p, "attribute") for p in parts[:2])
-  x, y = (_value(embedding_set, shape_concept, p, "shape") for p in parts[2:])
+  a, b = (_value(embedding_set, config.attribute_concept, p, "attribute") for p in parts[:2])
+  x, y = (_value(embedding_set, config.shape_concept, p, "shape") for p in parts[2:])
   if a == b or x == y:
     raise ValueError(f"quadruple {spec!r}: expected two different attributes and two different "
                      "shapes")
@@ -58,11 +70,9 @@ def parse_quadruple(embedding_set, spec, attribute_concept=0, shape_concept=1):
 
 @dataclasses.dataclass(frozen=True)
 class Context:
-  """What every quadruple of one set and bank needs (build once with `context`)."""
+  """What every quadruple of one set and config needs (build once with `context`)."""
   embedding_set: object
-  bank: str
-  attribute_concept: int
-  shape_concept: int
+  config: MdsConfig
   values_Nx2xC: np.ndarray
   centred_NxD: np.ndarray
   bank_vectors: common.ObjectBank
@@ -71,36 +81,36 @@ class Context:
   scene_row: dict
 
 
-def context(embedding_set, bank="pos-avg", attribute_concept=0, shape_concept=1):
-  """Validates the set and bank for quadruples and precomputes the shared pieces."""
+def context(embedding_set, config=MdsConfig()):
+  """Validates the set and the config's bank and concepts for quadruples and precomputes the
+  shared pieces."""
   if len(embedding_set.values_per_concept) != 2:
     raise ValueError(f"MDS quadruples need objects of exactly 2 concepts (attribute, shape); the "
                      f"set has values_per_concept={tuple(embedding_set.values_per_concept)}")
-  if sorted((attribute_concept, shape_concept)) != [0, 1]:
-    raise ValueError(f"attribute_concept={attribute_concept}, shape_concept={shape_concept}: "
-                     "expected 0 and 1 in some order")
+  if sorted((config.attribute_concept, config.shape_concept)) != [0, 1]:
+    raise ValueError(f"attribute_concept={config.attribute_concept}, shape_concept="
+                     f"{config.shape_concept}: expected 0 and 1 in some order")
+  bank = config.bank
   index = common.scene_index(embedding_set)
   common.check_banks([bank], index)
   embeddings_AxD = np.asarray(embedding_set.embeddings, np.float64)
   mean_D = embeddings_AxD[index.rows_N].mean(0)
   centre_D = (embeddings_AxD[index.single_rows_S].mean(0) if bank == "single-object" else mean_D)
   return Context(
-      embedding_set=embedding_set, bank=bank, attribute_concept=attribute_concept,
-      shape_concept=shape_concept, values_Nx2xC=index.unique_UxC[index.ids_Nx2],
+      embedding_set=embedding_set, config=config, values_Nx2xC=index.unique_UxC[index.ids_Nx2],
       centred_NxD=embeddings_AxD[index.rows_N] - mean_D,
       bank_vectors=common.object_bank(bank, index, embeddings_AxD), bank_centre_D=centre_D,
       object_of={tuple(int(t) for t in u): i for i, u in enumerate(index.unique_UxC)},
       scene_row={tuple(int(i) for i in ids): n for n, ids in enumerate(index.ids_Nx2)})
 
 
-def quadruple_points(embedding_set, quadruple, bank="pos-avg", attribute_concept=0,
-                     shape_concept=1, ctx=None):
+def quadruple_points(embedding_set, quadruple, config=MdsConfig(), ctx=None):
   """(labels, kinds, vectors [12, D]) of a quadruple; ValueError naming anything the set lacks.
 
-  Pass `ctx=context(...)` to reuse the precomputed pieces across quadruples.
+  Pass `ctx=context(...)` to reuse the precomputed pieces across quadruples (its config is used).
   """
-  ctx = ctx or context(embedding_set, bank, attribute_concept, shape_concept)
-  attr_c, shape_c = ctx.attribute_concept, ctx.shape_concept
+  ctx = ctx or context(embedding_set, config)
+  attr_c, shape_c = ctx.config.attribute_concept, ctx.config.shape_concept
   (a, b), (x, y) = quadruple.attributes, quadruple.shapes
   name = lambda c, v: common.value_name(ctx.embedding_set, c, v)
   labels, kinds, vectors = [], [], []
@@ -135,7 +145,7 @@ def quadruple_points(embedding_set, quadruple, bank="pos-avg", attribute_concept
       table_UxD, present_U = ctx.bank_vectors.slot(slot)
       if not present_U[oid]:
         raise ValueError(f"quadruple object {name(attr_c, attribute)} {name(shape_c, shape)}: "
-                         f"bank {ctx.bank!r} has no estimate for it in slot {slot}")
+                         f"bank {ctx.config.bank!r} has no estimate for it in slot {slot}")
       estimates[(attribute, shape)] = table_UxD[oid] - ctx.bank_centre_D
   for attribute, shape in (pair[s] for pair in composites for s in (0, 1)):
     labels.append(f"{name(attr_c, attribute)} {name(shape_c, shape)}")
@@ -164,7 +174,7 @@ def cosine_distances(vectors_PxD):
   return distances_PxP
 
 
-def metric_mds(distances_PxP, dims=3, random_state=0, n_init=4, max_iter=300):
+def metric_mds(distances_PxP, random_state, n_init, dims=3, max_iter=300):
   """Metric MDS of precomputed dissimilarities: (coords [P, dims], raw stress, Stress-1)."""
   params = inspect.signature(manifold.MDS).parameters
   kwargs = dict(n_components=dims, n_init=n_init, max_iter=max_iter, random_state=random_state)
@@ -182,19 +192,23 @@ def metric_mds(distances_PxP, dims=3, random_state=0, n_init=4, max_iter=300):
   return coords_PxK, float(mds.stress_), stress_1
 
 
-def run_mds(embedding_set, quadruple, bank="pos-avg", random_state=0, attribute_concept=0,
-            shape_concept=1, n_init=4, ctx=None):
-  """Points, cosine distances, 3-D coordinates and stress of one quadruple (JSON-ready dict)."""
-  labels, kinds, vectors = quadruple_points(embedding_set, quadruple, bank, attribute_concept,
-                                            shape_concept, ctx)
+def run_mds(embedding_set, quadruple, config=MdsConfig(), ctx=None):
+  """Points, cosine distances, 3-D coordinates and stress of one quadruple (JSON-ready dict).
+
+  Pass `ctx=context(...)` to reuse the precomputed pieces across quadruples (its config is used).
+  """
+  ctx = ctx or context(embedding_set, config)
+  config = ctx.config
+  labels, kinds, vectors = quadruple_points(embedding_set, quadruple, ctx=ctx)
   distances = cosine_distances(vectors)
-  coords, stress, stress_1 = metric_mds(distances, 3, random_state, n_init)
+  coords, stress, stress_1 = metric_mds(distances, config.random_state, config.n_init)
   composite_rows = [i for i, k in enumerate(kinds) if k == "composite"]
   sum_rows = [i for i, k in enumerate(kinds) if k == "sum"]
   return {
-      "quadruple": quadruple.label(embedding_set, attribute_concept, shape_concept),
+      "quadruple": quadruple.label(embedding_set, config.attribute_concept,
+                                   config.shape_concept),
       "attributes": list(quadruple.attributes), "shapes": list(quadruple.shapes),
-      "bank": bank, "random_state": random_state,
+      "bank": config.bank, "random_state": config.random_state,
       "points": [{"label": l, "kind": k, "coords": c.tolist()}
                  for l, k, c in zip(labels, kinds, coords)],
       "lines": [[s, c] for s, c in zip(sum_rows, composite_rows)],

@@ -130,7 +130,7 @@ def split_count(num_rows, fraction):
   return min(max(1, int(fraction * num_rows)), num_rows - 1)
 
 
-def scene_split(num_scenes, seed, train_fraction=0.4):
+def scene_split(num_scenes, seed, train_fraction=ProbeConfig.train_fraction):
   """Scene split: torch-compatible randperm(N) from `seed`; train = first clamp(int(fN))."""
   from bindjax.compat import torch_random  # pylint: disable=g-import-not-at-top
   perm = np.asarray(torch_random.randperm(num_scenes, seed), np.int64)
@@ -413,7 +413,7 @@ def to_python(metrics):
   return jax.tree_util.tree_map(lambda x: np.asarray(x).tolist(), metrics)
 
 
-def probe_rows(embedding_set, scenes="all"):
+def probe_rows(embedding_set, scenes=ProbeConfig.scenes):
   """Indices of the scenes `run_probes` splits: all of them, or the 2-object scenes alone
   ("two-object"); ValueError when that leaves fewer than 2."""
   if scenes not in SCENES:

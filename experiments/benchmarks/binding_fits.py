@@ -83,25 +83,26 @@ def main(argv=None):
   from bindjax import parallel  # pylint: disable=g-import-not-at-top
   from bindjax.commands import flags  # pylint: disable=g-import-not-at-top
   config = flags.load_config(args.config)
-  parallel.use_cpu_cores_as_devices(int(config.cpu_devices))   # as the command, before JAX
-  import jax  # pylint: disable=g-import-not-at-top
-  from bindjax import files  # pylint: disable=g-import-not-at-top
-  from bindjax.complexity import families  # pylint: disable=g-import-not-at-top
-  from bindjax.complexity import replicas  # pylint: disable=g-import-not-at-top
-
   if args.steps:
     config.fit.steps = args.steps
     config.fit.eval_every = min(int(config.fit.eval_every), args.steps)
-  fit_config, chunk, _ = replicas.check_config(config)
+  from bindjax.complexity import replicas  # pylint: disable=g-import-not-at-top
+  settings = replicas.settings_from(config)
+  parallel.use_cpu_cores_as_devices(settings.cpu_devices)   # as the command, before JAX
+  import jax  # pylint: disable=g-import-not-at-top
+  from bindjax import files  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import families  # pylint: disable=g-import-not-at-top
+
+  fit_config = settings.fit
   counts = sorted(int(r) for r in args.replicas.split(","))
   sets = synthetic_sets(counts[-1])
-  models = families.parse_models(config.models, VALUES, 2, DIM, int(config.embed_dim))
+  models = families.parse_models(settings.models, VALUES, 2, DIM, settings.embed_dim)
 
   def fit(subset, pad_ratio):
     jax.clear_caches()
-    _, infos = replicas.fit_replicas(subset, models, fit_config, float(config.learning_rate),
-                                     int(config.fit_seed), None, chunk,
-                                     int(config.memory_bytes) or None, None, pad_ratio)
+    _, infos = replicas.fit_replicas(subset, models, fit_config, settings.learning_rate,
+                                     settings.fit_seed, None, settings.chunks, settings.memory,
+                                     None, pad_ratio)
     by_family = {m.name: sum(i["run_s"] for i in infos if i["model"] == m.name) for m in models}
     return {"compile_s": sum(i["compile_s"] for i in infos),
             "run_s": sum(i["run_s"] for i in infos), "batches": len(infos),
