@@ -105,13 +105,17 @@ def test_bad_quadruples_are_rejected(clevr_text):
                          mds.MdsConfig(bank="single-object"))
 
 
-def test_command_writes_json_and_figures(tmp_path, monkeypatch):
-  out = tmp_path / "mds"
-  argv = ["bindjax mds", f"--embeddings={DATA}", f"--workdir={out}",
-          "--quadruple=red,blue,cube,sphere", "--quadruple=green,gray,cylinder,cube",
-          "--config=experiments/geometry.py:smoke", "--config.mds.n_init=1"]
+def _run_mds(monkeypatch, workdir, *extra):
+  argv = ["bindjax mds", f"--embeddings={DATA}", f"--workdir={workdir}",
+          "--quadruple=red,blue,cube,sphere", "--config=experiments/geometry.py:smoke",
+          "--config.mds.n_init=1", *extra]
   monkeypatch.setattr(sys, "argv", argv)
   assert mds_command.main(argv) == 0
+
+
+def test_command_writes_json_and_figures(tmp_path, monkeypatch):
+  out = tmp_path / "mds"
+  _run_mds(monkeypatch, out, "--quadruple=green,gray,cylinder,cube")
   assert sorted(os.listdir(out)) == [
       "mds_green-gray-cylinder-cube.json", "mds_green-gray-cylinder-cube.png", "mds_grid.png",
       "mds_red-blue-cube-sphere.json", "mds_red-blue-cube-sphere.png"]
@@ -121,11 +125,7 @@ def test_command_writes_json_and_figures(tmp_path, monkeypatch):
     assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   # The config's bank is the one used, and the one recorded.
   other = tmp_path / "obj_avg"
-  argv = ["bindjax mds", f"--embeddings={DATA}", f"--workdir={other}",
-          "--quadruple=red,blue,cube,sphere", "--config=experiments/geometry.py:smoke",
-          "--config.mds.n_init=1", "--config.mds.bank=obj-avg"]
-  monkeypatch.setattr(sys, "argv", argv)
-  assert mds_command.main(argv) == 0
+  _run_mds(monkeypatch, other, "--config.mds.bank=obj-avg")
   by_bank = json.loads((other / "mds_red-blue-cube-sphere.json").read_text())
   assert by_bank["bank"] == "obj-avg" and by_bank["distances"] != result["distances"]
   # A quadruple the set lacks: error, nothing written (not even the valid quadruple's files).

@@ -31,11 +31,11 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 
 from bindjax import files
 from bindjax import parallel
 from bindjax.commands import flags
+import repeats  # experiments/benchmarks/repeats.py, beside this script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
@@ -151,29 +151,19 @@ def compare(args):
                   "checkpoint_every": CHECKPOINT_EVERY},
       "fast_compile": args.fast_compile, "repeats": args.repeats,
       "sides": {name: {"commit": workers[name].commit, "dispatches": dispatches,
-                       "replica_steps_per_s": _stats(rates[name]),
+                       "replica_steps_per_s": repeats.stats(rates[name]),
                        "compile_s": workers[name].warm_up["compile_s"], "runs": runs[name]}
                 for name, (_, dispatches) in sides.items()},
-      "speedup": _stats(speedups), "identical_results": len(digests) == 1,
+      "speedup": repeats.stats(speedups), "identical_results": len(digests) == 1,
       "load_average": {"start": load[0], "after_each_round": load[1:]},
   }
   table = ["| set-up | code | dispatches per run | replica-steps/s | speedup |",
            "|---|---|---:|---:|---:|"]
   for name, side in result["sides"].items():
-    speedup = _fmt(result["speedup"], 2) if name == K_STEPS else ""
+    speedup = repeats.fmt(result["speedup"], 2) if name == K_STEPS else ""
     table.append(f"| {name} | {side['commit']} | {side['dispatches']} | "
-                 f"{_fmt(side['replica_steps_per_s'])} | {speedup} |")
+                 f"{repeats.fmt(side['replica_steps_per_s'])} | {speedup} |")
   return result, table
-
-
-def _stats(x):
-  return {"median": float(np.median(x)), "min": float(np.min(x)), "max": float(np.max(x)),
-          "values": [float(v) for v in x]}
-
-
-def _fmt(stats, digits=1):
-  return (f"{stats['median']:.{digits}f} ({stats['min']:.{digits}f}–"
-          f"{stats['max']:.{digits}f})")
 
 
 def main(argv=None):

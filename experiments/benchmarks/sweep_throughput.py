@@ -35,6 +35,7 @@ import numpy as np
 
 from bindjax import files, models, parallel, sweep, xla_options
 from bindjax.commands import flags
+import repeats  # experiments/benchmarks/repeats.py, beside this script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESETS = os.path.join(REPO, "experiments", "coverage_sweep.py")
@@ -263,14 +264,14 @@ def compare(args):
       worker.wait()
   baselines = {name: np.array(r) for name, r in rates.items()}
   fastest_per_round = np.max(np.stack(list(baselines.values())), axis=0)
-  sweep_stats = {name: {"replica_steps_per_s": _stats(np.array(r)),
-                        "speedup": _stats(np.array(r) / fastest_per_round)}
+  sweep_stats = {name: {"replica_steps_per_s": repeats.stats(np.array(r)),
+                        "speedup": repeats.stats(np.array(r) / fastest_per_round)}
                  for name, r in sweep_rates.items()}
   result = {
       "mode": "compare", "model": args.model, "replicas": replicas, "steps": args.steps,
       "repeats": args.repeats, "spec": _describe(bucket.spec), "sweeps": sweep_stats,
-      "sequential_replica_steps_per_s": {name: _stats(r) for name, r in baselines.items()},
-      "fastest_sequential_per_round": _stats(fastest_per_round),
+      "sequential_replica_steps_per_s": {name: repeats.stats(r) for name, r in baselines.items()},
+      "fastest_sequential_per_round": repeats.stats(fastest_per_round),
       "xla_options": "XLA defaults" if args.xla_defaults else "bindjax.xla_options",
       "sweep_chunk": chunk, "compile_s": compile_s,
       "note": "train steps only; the sweep runs one bucket over all CPU devices (as `bindjax "
@@ -283,9 +284,9 @@ def compare(args):
   table = ["| R | model | set-up | replica-steps/s | speedup |", "|---:|---|---|---:|---:|"]
   for name, stats in sweep_stats.items():
     table.append(f"| {replicas} | {args.model} | {name} | "
-                 f"{_fmt(stats['replica_steps_per_s'])} | {_fmt(stats['speedup'], 2)} |")
+                 f"{repeats.fmt(stats['replica_steps_per_s'])} | {repeats.fmt(stats['speedup'], 2)} |")
   for name, r in baselines.items():
-    table.append(f"| {replicas} | {args.model} | sequential, {name} | {_fmt(_stats(r))} | |")
+    table.append(f"| {replicas} | {args.model} | sequential, {name} | {repeats.fmt(repeats.stats(r))} | |")
   return result, table
 
 
@@ -306,7 +307,7 @@ def device(args):
     flops = replicas * train_step_flops(bucket.spec)
     tflops = flops / step_time / 1e12
     row = {"replicas": replicas, "replica_steps_per_s": replicas / step_time,
-           "step_seconds": _stats(np.array(times)), "tflops": tflops,
+           "step_seconds": repeats.stats(np.array(times)), "tflops": tflops,
            "mfu": tflops / args.peak_tflops, "chunk": chunk,
            "compile_s": round(compile_seconds, 2),
            "flops_per_replica_step": train_step_flops(bucket.spec)}
@@ -333,16 +334,6 @@ def _describe(spec):
   return {"space_size": spec.space.num_objects, "d_model": spec.model.d_model,
           "num_layers": spec.model.num_layers, "d_ff": spec.model.d_ff,
           "batch_size": spec.sampler.batch_size}
-
-
-def _stats(x):
-  return {"median": float(np.median(x)), "min": float(np.min(x)), "max": float(np.max(x)),
-          "values": [float(v) for v in x]}
-
-
-def _fmt(stats, digits=1):
-  return (f"{stats['median']:.{digits}f} ({stats['min']:.{digits}f}–"
-          f"{stats['max']:.{digits}f})")
 
 
 def main(argv=None):

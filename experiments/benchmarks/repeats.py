@@ -1,0 +1,14 @@
+"""Summaries of repeated timings, shared by the benchmark scripts beside this file."""
+import numpy as np
+
+
+def stats(x):
+  """Median, min, max and the values of repeated measurements `x`."""
+  return {"median": float(np.median(x)), "min": float(np.min(x)), "max": float(np.max(x)),
+          "values": [float(v) for v in x]}
+
+
+def fmt(summary, digits=1):
+  """'median (min–max)' of a `stats` summary."""
+  return (f"{summary['median']:.{digits}f} ({summary['min']:.{digits}f}–"
+          f"{summary['max']:.{digits}f})")
