@@ -325,7 +325,7 @@ def test_summary_over_seeds_reports_median_and_spread():
     ("--config.models=mlp:64,cube", "'cube'", 2),
     ("--config.chunk_size=-3", "chunk_size", 2),
     ("--config.eval_cadence=sometimes", "eval_cadence", 2),
-    ("--config.restarts=0", "restarts", 2),
+    ("--config.restarts=-1", "restarts", 2),
     ("--config.restart_holdout=1.5", "restart_holdout", 2),
     ("--config.probes_file=MISSING", "MISSING", 1)])
 def test_bad_config_is_a_one_line_error_and_writes_nothing(tmp_path, capsys, monkeypatch,
@@ -345,7 +345,7 @@ def test_bad_config_is_a_one_line_error_and_writes_nothing(tmp_path, capsys, mon
 
 
 def test_restart_settings_are_validated_naming_the_field():
-  for bad, field in [({"restarts": 0}, "restarts"),
+  for bad, field in [({"restarts": -1}, "restarts"),
                      ({"restarts": 2, "restart_steps": -1}, "restart_steps"),
                      ({"restart_holdout": 1.0}, "restart_holdout"),
                      ({"restart_holdout": -0.1}, "restart_holdout")]:
@@ -402,6 +402,21 @@ def test_restarts_are_reproducible():
                                            fitting.FitConfig(steps=10, eval_every=5, restarts=1))
   assert single_info["restart_candidate"] is None
   assert not np.allclose(single["train_loss"], first["train_loss"])
+
+
+def test_default_restarts_are_the_familys():
+  """restarts = 0: product families try 3 starts, additive and MLP fits one (fitting.RESTARTS)."""
+  objects, ids = data_lib.all_scenes((3, 3), 2)
+  data = make_data((3, 3), objects, ids, np.random.default_rng(0).normal(size=(81, 4)))
+  probes = linear.init_weights(jax.random.PRNGKey(0), (3, 3), 9, 4, linear.ProbeConfig())
+  points = data_lib.make_points(9, [0.7], [0], [1e-2])
+  config = fitting.FitConfig(steps=10, eval_every=5)
+  tried = {}
+  for family in ("additive", "mlp", "sum_product"):
+    model = families.make(family, (3, 3), 2, out_dim=4, widths=(8,) if family == "mlp" else ())
+    _, info = fitting.fit_models(model, data, probes, points, config)
+    tried[family] = (info["restarts"], info["restart_candidate"] is None)
+  assert tried == {"additive": (1, True), "mlp": (1, True), "sum_product": (3, False)}
 
 
 def test_per_object_sum_product_recovers_planted_per_object_scenes():

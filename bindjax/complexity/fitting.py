@@ -37,6 +37,12 @@ PAD_RATIO = 1.25
 # each object's C slots; additive and MLP fits are not regularised by default.
 WEIGHT_DECAY = {"mlp": 0.0, "additive": 0.0, "product": 3e-4, "sum_product": 3e-4,
                 "per_object_product": 3e-3, "per_object_sum_product": 3e-3}
+# Default initialisations per fit (restarts = 0), by family. The product families' landscapes
+# have poor minima that restarts escape (docs/complexity.md, "Why single fits failed"); an
+# additive fit is a factored linear regression, whose minima are all global, and MLP fits were
+# measured to land alike from any start (docs/findings/binding_fits.md), so one start each.
+RESTARTS = {"mlp": 1, "additive": 1, "product": 3, "sum_product": 3, "per_object_product": 3,
+            "per_object_sum_product": 3}
 # The original's learning rate: the complexity grid's default and that of every binding fit.
 LEARNING_RATE = 1e-2
 
@@ -52,10 +58,11 @@ class FitConfig:
   # "end": evaluate after eval_every, 2·eval_every, …, steps; "original": after 1, 1+eval_every,
   # …, as the original code does (it then trains eval_every − 1 unevaluated steps; we stop).
   eval_cadence: str = "end"
-  # Initialisations tried per fit (docs/complexity.md, "Restarts"). 1: the single initialisation
-  # from the fit's seed, as the original runs it. R > 1: R candidates train restart_steps steps
-  # at the fit's constant learning rate; the best one by `restart_holdout` is trained as usual.
-  restarts: int = 3
+  # Initialisations tried per fit (docs/complexity.md, "Restarts"). 0: the family's value in
+  # RESTARTS. 1: the single initialisation from the fit's seed, as the original runs it. R > 1:
+  # R candidates train restart_steps steps at the fit's constant learning rate; the best one by
+  # `restart_holdout` is trained as usual.
+  restarts: int = 0
   restart_steps: int = 0      # 0: half of `steps`
   # 0: candidates train on all the fit's training scenes and the lowest training loss wins.
   # h in (0, 1): they train on the scenes of the first 1 − h of the training objects and the
@@ -90,8 +97,9 @@ class FitConfig:
     if self.probe_similarity not in linear.SIMILARITIES:
       raise ValueError(f"probe_similarity={self.probe_similarity!r}: expected one of "
                        f"{linear.SIMILARITIES}")
-    if self.restarts < 1:
-      raise ValueError(f"restarts={self.restarts}: expected ≥ 1 (1: a single initialisation)")
+    if self.restarts < 0:
+      raise ValueError(f"restarts={self.restarts}: expected ≥ 0 (0: the family's default; 1: a "
+                       f"single initialisation)")
     if self.restart_steps < 0:
       raise ValueError(f"restart_steps={self.restart_steps}: expected ≥ 0 (0: half of steps)")
     if not 0 <= self.restart_holdout < 1:
@@ -111,6 +119,15 @@ class FitConfig:
     if self.weight_decay == "auto":
       return WEIGHT_DECAY[family]
     return float(self.weight_decay)
+
+  def restarts_for(self, family):
+    """The initialisations a fit of `family` tries."""
+    return self.restarts or RESTARTS[family]
+
+  def for_family(self, family):
+    """This config with the family's defaults filled in (restarts, weight decay)."""
+    return dataclasses.replace(self, restarts=self.restarts_for(family),
+                               weight_decay=self.decay_for(family))
 
 
 # The ORIGINAL settings reproduce the original code's single unregularised fit.
@@ -372,7 +389,7 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parall
   targets and probes (data's targets and `probes` are then unused).
   Returns (history dict of numpy [M, num_evals, ...], info dict with timings and chunking).
   """
-  config.validate()
+  config = config.validate().for_family(model.family)
   num_models = int(np.shape(points.learning_rate_M)[0])
   mesh = mesh or auto_mesh(num_models)
   shards = parallel.num_replica_shards(mesh)
@@ -544,7 +561,7 @@ def fit_grid(entries, data, probes, config, mesh=None, chunk_size=parallel.AUTO,
             "num_parameters": model.num_parameters(),
             "train_fraction": float(e.train_fraction), "seed": int(e.seed),
             "learning_rate": float(e.learning_rate), "schedule": config.schedule,
-            "steps": config.steps, "restarts": config.restarts,
+            "steps": config.steps, "restarts": config.restarts_for(model.family),
             "standardize": config.standardize, "weight_decay": config.decay_for(model.family),
             **{key: None if info[key] is None else info[key][j]
                for key in ("restart_candidate", "restart_error")},
