@@ -42,10 +42,13 @@ REPORT_METRICS = (BINDING_METRIC, results.binding(results.HELDOUT),
                   results.binding(results.TRAIN), ONE_OBJECT_METRIC, CONCEPT_METRIC)
 THRESHOLD = 0.5
 LEVEL = 0.95
+# Which sweep a row came from, set only when several sweeps are reported and two of them hold
+# the same series: their configs may differ outside the rows (a model setting, the steps).
+SWEEP = "sweep"
 # Replica settings that are not seeds: replicas differing only in seed are averaged; any other
 # difference besides coverage makes a separate curve.
 SERIES_KEYS = (results.NUM_CONCEPTS, results.NUM_VALUES, results.MAX_OBJECTS, results.SPACE_SIZE,
-               results.MODEL, results.LEARNING_RATE, results.WEIGHT_DECAY)
+               results.MODEL, results.LEARNING_RATE, results.WEIGHT_DECAY, SWEEP)
 # Settings a label never lists as varying: |O|, C and V open every label, K goes with the space.
 LABEL_KEYS = (results.NUM_CONCEPTS, results.NUM_VALUES, results.MAX_OBJECTS, results.SPACE_SIZE)
 
@@ -98,6 +101,8 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
           per_seed[r[results.SEED]].append((coverage, float(value)))
       points.append(point)
     values = dict(zip(SERIES_KEYS, key))
+    if values[SWEEP] is None:
+      del values[SWEEP]
     label = series_label(key)
     extras = [f"{k}={values[k]}" for k in varying if k not in LABEL_KEYS]
     if extras:
@@ -442,6 +447,19 @@ def markdown_table(table, laws, step, metric="accuracy", series=()):
   return "\n".join(lines)
 
 
+def _rows_of_sweeps(workdirs, step):
+  """The selected rows of every sweep. If two sweeps hold the same series, every row carries
+  its sweep's name (SWEEP), so that no curve averages replicas of different sweeps."""
+  per_sweep = [_selected_rows(w, step) for w in workdirs]
+  keys = [{tuple(_hashable(r.get(k)) for k in SERIES_KEYS) for r in rows} for rows in per_sweep]
+  if sum(map(len, keys)) == len(set().union(*keys)):
+    return [row for rows in per_sweep for row in rows]
+  names = [os.path.basename(os.path.abspath(w)) for w in workdirs]
+  if len(set(names)) < len(names):
+    names = list(workdirs)
+  return [dict(row, **{SWEEP: name}) for name, rows in zip(names, per_sweep) for row in rows]
+
+
 def _selected_rows(workdir, step):
   """One evaluation row per replica of the sweep in workdir (results.select_evaluations)."""
   path = os.path.join(workdir, results.RESULTS_FILE)
@@ -474,7 +492,7 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   rho_metric = RHO_METRICS[metric]
   from bindjax.plots import phase_transition  # matplotlib only when drawing
 
-  selected = [row for w in workdirs for row in _selected_rows(w, step)]
+  selected = _rows_of_sweeps(workdirs, step)
   # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
   finished = all(os.path.exists(os.path.join(w, results.DONE_FILE)) for w in workdirs)
   series = aggregate(selected, (rho_metric,) + tuple(

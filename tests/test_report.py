@@ -256,3 +256,23 @@ def test_several_sweeps_report_together(tmp_path):
   with pytest.raises(SystemExit) as e:
     report_command.main(["bindjax report", f"--workdir={tmp_path / 'v20'},{tmp_path / 'v50'}"])
   assert e.value.code == 2
+
+
+def test_sweeps_holding_the_same_series_are_kept_apart(tmp_path):
+  """Two sweeps of one size whose rows look alike (their models differ only in the config, say)
+  give one curve each, labelled by sweep, each with the ρ* of its own report."""
+  for name, rho in (("plain", 0.5), ("product", 0.32)):
+    _write(str(tmp_path / name), _rows(planted={(2, 20): rho}, seeds=(0, 1, 2)))
+  alone = {name: report.make_report(str(tmp_path / name), num_draws=20, formats=("png",),
+                                    out_dir=str(tmp_path / f"{name}_report"))
+           for name in ("plain", "product")}
+  together = report.make_report([str(tmp_path / "plain"), str(tmp_path / "product")],
+                                num_draws=20, formats=("png",), out_dir=str(tmp_path / "out"))
+  rows = together["critical_coverage"]
+  assert [r["label"] for r in rows] == ["|O|=400 (C=2, V=20) sweep=plain",
+                                        "|O|=400 (C=2, V=20) sweep=product"]
+  for row in rows:
+    (own,) = alone[row["sweep"]]["critical_coverage"]
+    assert row["rho_star"] == own["rho_star"] and row["interval"] == own["interval"]
+  assert together["scaling_law"] is None  # two curves of one size are not a law in |O|
+  assert "sweep" not in alone["plain"]["critical_coverage"][0]
