@@ -39,8 +39,9 @@ WEIGHT_DECAY = {"mlp": 0.0, "additive": 0.0, "product": 3e-4, "sum_product": 3e-
                 "per_object_product": 3e-3, "per_object_sum_product": 3e-3}
 # Default initialisations per fit (restarts = 0), by family. The product families' landscapes
 # have poor minima that restarts escape (docs/complexity.md, "Why single fits failed"); an
-# additive fit is a factored linear regression, whose minima are all global, and MLP fits were
-# measured to land alike from any start (docs/findings/binding_fits.md), so one start each.
+# additive fit is a factored linear regression, whose minima are all global; MLP fits, as the
+# original's, start once: three starts cost 2.9x and moved no correlation
+# (docs/findings/binding_fits.md).
 RESTARTS = {"mlp": 1, "additive": 1, "product": 3, "sum_product": 3, "per_object_product": 3,
             "per_object_sum_product": 3}
 # The original's learning rate: the complexity grid's default and that of every binding fit.
