@@ -49,8 +49,8 @@ def _has_steps(directory):
 
 def _read_run(workdir):
   """(config, replicas, buckets) of the run in `workdir`; ValueError naming what is wrong."""
+  from bindjax import grid  # pylint: disable=g-import-not-at-top
   from bindjax import results  # pylint: disable=g-import-not-at-top
-  from bindjax import sweep  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(workdir):
     raise ValueError(f"workdir {workdir} does not exist")
   config_path = os.path.join(workdir, results.CONFIG_FILE)
@@ -61,7 +61,7 @@ def _read_run(workdir):
   try:
     with open(config_path) as f:
       config = ml_collections.ConfigDict(json.load(f))
-    replicas, buckets = sweep.expand_grid(config)
+    replicas, buckets = grid.expand_grid(config)
   except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
     raise ValueError(f"{config_path}: cannot rebuild the models from this config: {e}") from None
   return config, replicas, buckets
@@ -105,10 +105,10 @@ def load_bucket(workdir, bucket, which="best", run=None):
   bucket's newest checkpoint once. run: `read_buckets(workdir)` when the caller has it already.
   ValueError naming what is missing or wrong; reads only: never creates files in the workdir.
   """
+  from bindjax import bucket_programs  # pylint: disable=g-import-not-at-top
   from bindjax import checkpoint  # pylint: disable=g-import-not-at-top
   from bindjax import parallel  # pylint: disable=g-import-not-at-top
   from bindjax import results  # pylint: disable=g-import-not-at-top
-  from bindjax import sweep  # pylint: disable=g-import-not-at-top
   if which not in CHECKPOINTS:
     raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
   workdir = os.path.abspath(os.fspath(workdir))
@@ -124,8 +124,9 @@ def load_bucket(workdir, bucket, which="best", run=None):
     padded = int(ckpt.metadata().get("padded_replicas", len(bucket.replicas)))
     hyper, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), padded)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.eval_shape(lambda h: sweep.init_bucket_state(h, bucket.spec, keep_best), hyper)
-    _, state, _ = sweep.restore_state(ckpt.restore, abstract, device)
+    abstract = jax.eval_shape(
+        lambda h: bucket_programs.init_bucket_state(h, bucket.spec, keep_best), hyper)
+    _, state, _ = bucket_programs.restore_state(ckpt.restore, abstract, device)
   except checkpoint.CorruptCheckpointError as e:
     raise ValueError(f"workdir {workdir}: {e}") from None
   except Exception as e:  # orbax raises many types for mismatched trees

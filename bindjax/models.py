@@ -576,6 +576,15 @@ def count_parameters(params) -> int:
   return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(params)))
 
 
+def tower_activation_floats(config: ModelConfig, num_sequences, length) -> int:
+  """Float32 activations one tower's backward pass keeps for num_sequences sequences of `length`
+  (a rough count, for automatic chunking): per block the attention scores, q/k/v, MLP hidden,
+  norms and residuals."""
+  per_block = length * (12 * config.d_model + 3 * config.mlp_width
+                        + 2 * config.num_heads * length)
+  return num_sequences * per_block * config.num_layers
+
+
 def tower_flops(config: ModelConfig, num_sequences, length, out_features=None,
                 tower=None) -> int:
   """Forward FLOPs (2·multiply-adds) of the matmuls one tower executes, attention included.

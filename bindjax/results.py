@@ -13,7 +13,7 @@
   bindjax_outputs.json what bindjax wrote here (`files.record_outputs`): --overwrite removes that
   bindjax.lock         held by the run while it runs (`bindjax.workdir_lock`)
 
-A row holds the replica's COORDINATES (`sweep.Replica.coordinates`), STEP, KIND ("train" at
+A row holds the replica's COORDINATES (`grid.Replica.coordinates`), STEP, KIND ("train" at
 logged steps, "eval" at evaluation steps, "diverged" once when the replica's loss or parameters
 became non-finite, with DIVERGED_STEP), the training metrics TRAIN_METRICS of that step and, at
 evaluation steps, every metric of `train.eval_step`. Non-finite values are written as null.

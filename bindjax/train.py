@@ -13,7 +13,7 @@ Randomness: a replica's root key (from its seed) splits into three streams by fo
 init, 1 training data (fold_in(·, step) per step), 2 evaluation (fold_in(·, step) per evaluation).
 
 There is one training loop, `bindjax.sweep.run_sweep`; `bindjax train` runs a config without a
-grid as a sweep of one replica (`sweep.single_run_config`).
+grid as a sweep of one replica (`grid.single_run_config`).
 """
 import dataclasses
 import math

@@ -141,7 +141,7 @@ def listing(path):
 
 
 def test_unusable_workdirs_get_clear_errors_and_nothing_is_written(tmp_path):
-  from bindjax import sweep  # pylint: disable=g-import-not-at-top
+  from bindjax import grid  # pylint: disable=g-import-not-at-top
   from bindjax import train  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="does not exist"):
     extract.load_workdir(tmp_path / "missing")
@@ -151,7 +151,7 @@ def test_unusable_workdirs_get_clear_errors_and_nothing_is_written(tmp_path):
     extract.load_workdir(empty)
   config = train.default_config()
   config.space.num_values = 3
-  good = json.loads(sweep.single_run_config(config).to_json_best_effort())
+  good = json.loads(grid.single_run_config(config).to_json_best_effort())
   bad = dict(good, model=dict(good["model"], num_heads=3))   # 256 is not divisible by 3
   for name, content, message in (("no_ckpt", good, "no checkpoint"),
                                  ("bad_config", bad, "cannot rebuild.*num_heads"),

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from bindjax import sweep
+from bindjax import grid
 from bindjax import train
 from bindjax.commands import flags
 from bindjax.complexity import analysis
@@ -35,7 +35,7 @@ SWEEPS = {
 @pytest.mark.parametrize("preset", sorted(SWEEPS))
 def test_coverage_sweep_presets_are_the_documented_grids(preset):
   sizes, num_coverages, num_seeds, steps, product_readout = SWEEPS[preset]
-  replicas, buckets = sweep.expand_grid(load("coverage_sweep", preset))
+  replicas, buckets = grid.expand_grid(load("coverage_sweep", preset))
   points = {(r.space_size, r.coverage, r.seed) for r in replicas}
   assert len(points) == len(replicas) == len(sizes) * num_coverages * num_seeds
   assert [b.spec.space.num_objects for b in buckets] == list(sizes)   # one program per space

@@ -13,8 +13,10 @@ import jax
 import numpy as np
 import pytest
 
+from bindjax import bucket_programs
 from bindjax import checkpoint
 from bindjax import files
+from bindjax import grid
 from bindjax import parallel
 from bindjax import results
 from bindjax import sweep
@@ -91,24 +93,24 @@ def reference(tmp_path_factory):
 
 
 def test_expand_grid_buckets_and_validation():
-  replicas, buckets = sweep.expand_grid(tiny_config())
+  replicas, buckets = grid.expand_grid(tiny_config())
   assert len(replicas) == 12 and len(buckets) == 1
   assert [r.coverage for r in replicas[:6]] == [0.5, 0.5, 0.5, 0.8, 0.8, 0.8]
   assert [r.num_train for r in replicas[:6:3]] == [4, 7]
   c = tiny_config()
   c.grid.spaces = ((2, 3), (2, 4, 3))
   c.grid.models = ({"name": "a"}, {"d_model": 8, "num_heads": 2})
-  replicas, buckets = sweep.expand_grid(c)
+  replicas, buckets = grid.expand_grid(c)
   assert len(replicas) == 48 and len(buckets) == 4
   assert {r.model for r in replicas} == {"a", "d_model=8,num_heads=2"}
   assert buckets[2].spec.space.max_objects == 3
   c.grid.coverages = (0.5, 1.5)
   with pytest.raises(ValueError, match=r"grid.coverages\[1\]=1.5"):
-    sweep.expand_grid(c)
+    grid.expand_grid(c)
   c = tiny_config()
   c.grid.models = ({"width": 3},)
   with pytest.raises(ValueError, match="unknown model field 'width'"):
-    sweep.expand_grid(c)
+    grid.expand_grid(c)
 
 
 def test_sweep_rows_and_nan_replicas(reference):
@@ -138,7 +140,7 @@ def test_sweep_rows_and_nan_replicas(reference):
 def test_vmapped_sweep_equals_separate_runs(reference):
   """The central invariant: replicas of the vmapped, sharded sweep = single unbatched runs."""
   _, _, rows = reference
-  replicas, buckets = sweep.expand_grid(tiny_config())
+  replicas, buckets = grid.expand_grid(tiny_config())
   spec = buckets[0].spec
   options = xla_options.compiler_options(jax.default_backend(), fast_compile=True)
   hyper = jax.device_put(buckets[0].hypers[0])
@@ -234,7 +236,7 @@ def test_overwrite_reruns_a_finished_workdir(reference, tmp_path):
 
 
 def test_dispatches_end_where_rows_are_written():
-  _, (bucket,) = sweep.expand_grid(multi_step_config())
+  _, (bucket,) = grid.expand_grid(multi_step_config())
   assert sweep.dispatch_ends(bucket.spec, NUM_STEPS, 4) == [3, 4, 6]
   # The step after rows that wait for the next dispatch ends one too (a stop may follow them).
   assert sweep.dispatch_ends(bucket.spec, 2, 6) == [2, 3, 4, 5, 6]
@@ -245,13 +247,13 @@ def test_dispatches_end_where_rows_are_written():
 
 
 def _compiled_bucket(config):
-  _, (bucket,) = sweep.expand_grid(config)
+  _, (bucket,) = grid.expand_grid(config)
   mesh = parallel.make_mesh()
   hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
   hyper = parallel.shard_replicas(hyper_np, mesh)
   # As run_sweep compiles it, so the reference's programs are reused.
-  init_fn, run_fn, _, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, log=lambda *_: None,
-                                               fast_compile=True, keep_best=True)
+  init_fn, run_fn, _, _ = bucket_programs.compile_bucket(
+      bucket.spec, mesh, hyper, log=lambda *_: None, fast_compile=True, keep_best=True)
   return mesh, hyper, init_fn, run_fn
 
 
@@ -263,9 +265,9 @@ def test_k_steps_in_one_dispatch_equal_k_dispatches_of_one_step():
   mesh, hyper, init_fn, run_fn = _compiled_bucket(c)
   state = init_fn(hyper)
   for _ in range(3):
-    state, metrics = run_fn(state, hyper, sweep.global_scalar(1, mesh))
+    state, metrics = run_fn(state, hyper, bucket_programs.global_scalar(1, mesh))
   one_by_one = parallel.to_host((state, metrics))
-  state, metrics = run_fn(init_fn(hyper), hyper, sweep.global_scalar(3, mesh))
+  state, metrics = run_fn(init_fn(hyper), hyper, bucket_programs.global_scalar(3, mesh))
   at_once = parallel.to_host((state, metrics))
   assert jax.tree.structure(at_once) == jax.tree.structure(one_by_one)
   for a, b in zip(jax.tree.leaves(at_once), jax.tree.leaves(one_by_one)):
@@ -331,11 +333,11 @@ def test_a_bucket_stops_the_step_after_rows_show_every_replica_diverged(tmp_path
 
 def _checkpointed_state(workdir, step):
   """The bytes of every array of the bucket's checkpoint at `step`."""
-  _, (bucket,) = sweep.expand_grid(tiny_config())
+  _, (bucket,) = grid.expand_grid(tiny_config())
   hyper, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
-  target = sweep.abstract_bucket_state(bucket.spec, parallel.make_mesh(), hyper, True)
+  target = bucket_programs.abstract_bucket_state(bucket.spec, parallel.make_mesh(), hyper, True)
   with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
-    _, state, _ = sweep.restore_state(ckpt.restore, target, parallel.replica_sharding(
+    _, state, _ = bucket_programs.restore_state(ckpt.restore, target, parallel.replica_sharding(
         parallel.make_mesh()), step=step)
   return [x.tobytes() for x in jax.tree.leaves(parallel.to_host(state))]
 
@@ -356,16 +358,16 @@ def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
   workdir = str(tmp_path / "killed")
   script = textwrap.dedent(f"""
       import os, signal
-      from bindjax import sweep
+      from bindjax import results_writer, sweep
       import test_sweep
-      add = sweep._Results.add
+      add = results_writer.ResultsWriter.add
       def add_then_die(self, bucket, step, *args):
         add(self, bucket, step, *args)
         if step == 5:
           self.file.write('{{"kind": "train", "replica": 0, "st')
           self.file.flush()
           os.kill(os.getpid(), signal.SIGKILL)
-      sweep._Results.add = add_then_die
+      results_writer.ResultsWriter.add = add_then_die
       sweep.run_sweep(test_sweep.tiny_config(), {workdir!r}, progress=False)
       """)
   proc = subprocess.run([sys.executable, "-c", script], env=_env(8), cwd=REPO,
@@ -416,7 +418,7 @@ def test_two_processes_equal_one(reference, tmp_path):
 def test_data_axis_splits_each_replicas_batch_and_matches():
   """num_data=2 (4 replica groups × 2 data devices) trains to the same parameters and metrics as
   num_data=1, and the compiled programs really split the scenes (sums across data devices)."""
-  _, (bucket,) = sweep.expand_grid(tiny_config())
+  _, (bucket,) = grid.expand_grid(tiny_config())
   outcomes = {}
   for num_data in (1, 2):
     mesh = parallel.make_mesh(num_data)
@@ -424,13 +426,13 @@ def test_data_axis_splits_each_replicas_batch_and_matches():
                                            parallel.num_replica_shards(mesh))
     hyper = parallel.shard_replicas(hyper_np, mesh)
     # fast_compile as the smoke preset runs it, so num_data=1 reuses the reference's program.
-    init_fn, run_fn, eval_fn, _ = sweep.compile_bucket(bucket.spec, mesh, hyper, "none",
-                                                       log=lambda *_: None, fast_compile=True)
+    init_fn, run_fn, eval_fn, _ = bucket_programs.compile_bucket(
+        bucket.spec, mesh, hyper, "none", log=lambda *_: None, fast_compile=True)
     state, history = init_fn(hyper), []
     for _ in range(3):
-      state, metrics = run_fn(state, hyper, sweep.global_scalar(1, mesh))
+      state, metrics = run_fn(state, hyper, bucket_programs.global_scalar(1, mesh))
       history.append(parallel.to_host(metrics))
-    step = sweep.global_scalar(3, mesh)
+    step = bucket_programs.global_scalar(3, mesh)
     state, metrics = eval_fn(state, hyper, step)
     history.append(parallel.to_host(metrics))
     outcomes[num_data] = (run_fn.as_text() + eval_fn.as_text(),
@@ -450,20 +452,21 @@ def test_checkpoints_hold_the_per_layer_layout(tmp_path):
   is, and restores to the scanned state it was."""
   config = tiny_config()
   config.model.num_layers = 3
-  _, (bucket,) = sweep.expand_grid(config)
+  _, (bucket,) = grid.expand_grid(config)
   mesh = parallel.make_mesh()
   hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
   hyper = parallel.shard_replicas(hyper_np, mesh)
   sharding = parallel.replica_sharding(mesh)
-  state = jax.jit(lambda h: sweep.init_bucket_state(h, bucket.spec, True))(hyper)
+  state = jax.jit(lambda h: bucket_programs.init_bucket_state(h, bucket.spec, True))(hyper)
   with checkpoint.Checkpoints(tmp_path / "ckpt") as ckpt:
-    ckpt.save(2, sweep.checkpoint_state(state, sharding))
+    ckpt.save(2, bucket_programs.checkpoint_state(state, sharding))
   per_layer_spec = dataclasses.replace(
       bucket.spec, model=dataclasses.replace(bucket.spec.model, scan_layers=False))
-  target = sweep.abstract_bucket_state(bucket.spec, mesh, hyper, True)
+  target = bucket_programs.abstract_bucket_state(bucket.spec, mesh, hyper, True)
   with checkpoint.Checkpoints(tmp_path / "ckpt") as ckpt:
-    _, per_layer, _ = ckpt.restore(sweep.abstract_bucket_state(per_layer_spec, mesh, hyper, True))
-    step, restored, _ = sweep.restore_state(ckpt.restore, target, sharding)
+    _, per_layer, _ = ckpt.restore(
+        bucket_programs.abstract_bucket_state(per_layer_spec, mesh, hyper, True))
+    step, restored, _ = bucket_programs.restore_state(ckpt.restore, target, sharding)
   assert step == 2
   assert sorted(per_layer["best"]["params"]["scene_tower"]) == [
       "block_0", "block_1", "block_2", "embed", "proj"]
@@ -474,7 +477,7 @@ def test_checkpoints_hold_the_per_layer_layout(tmp_path):
 
 
 def test_auto_chunk_keeps_each_cores_replicas_within_its_cache_share(monkeypatch):
-  _, (bucket,) = sweep.expand_grid(tiny_config())
+  _, (bucket,) = grid.expand_grid(tiny_config())
   mesh = parallel.make_mesh()
   hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
   hyper = parallel.shard_replicas(hyper_np, mesh)  # 16 replicas, 2 per device
@@ -482,8 +485,8 @@ def test_auto_chunk_keeps_each_cores_replicas_within_its_cache_share(monkeypatch
   def auto_chunk(cache_bytes):
     monkeypatch.setattr(parallel, "cpu_cache_bytes_per_core", lambda: cache_bytes)
     logged = []
-    chunk = sweep.compile_bucket(bucket.spec, mesh, hyper, log=logged.append,
-                                 fast_compile=True)[-1]
+    chunk = bucket_programs.compile_bucket(bucket.spec, mesh, hyper, log=logged.append,
+                                           fast_compile=True)[-1]
     return chunk, logged
 
   assert auto_chunk(1 << 30) == (None, [])

@@ -9,6 +9,7 @@ import pytest
 
 from bindjax import cli
 from bindjax import extract
+from bindjax import grid
 from bindjax import objectives
 from bindjax import results
 from bindjax import scenes
@@ -269,11 +270,11 @@ def test_workdir_of_a_different_run_is_refused(tmp_path):
 
 def test_single_run_config_is_a_one_replica_grid():
   config = _tiny_config(coverage=0.5, seed=3)
-  replicas, buckets = sweep.expand_grid(sweep.single_run_config(config))
+  replicas, buckets = grid.expand_grid(grid.single_run_config(config))
   (replica,) = replicas
   assert (replica.coverage, replica.seed, replica.space_size) == (0.5, 3, 16)
   hyper, split = train.hyper_from_config(config, train.RunSpec.from_config(config))
   np.testing.assert_array_equal(buckets[0].hypers[0].permutation_O, hyper.permutation_O)
   assert buckets[0].splits[0].num_train == split.num_train
   with pytest.raises(ValueError, match="config.grid is set"):
-    sweep.single_run_config(sweep.single_run_config(config))
+    grid.single_run_config(grid.single_run_config(config))

@@ -21,9 +21,11 @@ import jax
 import numpy as np
 import pytest
 
+from bindjax import bucket_programs
 from bindjax import checkpoint
 from bindjax import cli
 from bindjax import files
+from bindjax import grid
 from bindjax import parallel
 from bindjax import report
 from bindjax import results
@@ -297,12 +299,12 @@ def test_checkpoint_restore_names_the_damaged_array(reference, tmp_path):
 
 
 def _final_state(workdir):
-  _, (bucket,) = sweep.expand_grid(test_sweep.tiny_config())
+  _, (bucket,) = grid.expand_grid(test_sweep.tiny_config())
   hyper, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 16)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.eval_shape(lambda h: sweep.init_bucket_state(h, bucket.spec, True), hyper)
+  target = jax.eval_shape(lambda h: bucket_programs.init_bucket_state(h, bucket.spec, True), hyper)
   with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
-    return ckpt.all_steps(), sweep.restore_state(ckpt.restore, target, device)
+    return ckpt.all_steps(), bucket_programs.restore_state(ckpt.restore, target, device)
 
 
 def _assert_same_final_state(workdir, reference_workdir):

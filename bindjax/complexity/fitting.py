@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bindjax import engine
 from bindjax import objectives
 from bindjax import parallel
 from bindjax.complexity import data as data_lib
@@ -383,7 +384,8 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parall
   """Fits M models of one shape (M = len of points) as one compiled batch over the mesh.
 
   chunk_size: "auto", None (all at once) or an int. "auto" is 1 on a single CPU device (see
-  `_map_models`), else from `bytes_per_model` and device memory.
+  `_map_models`), else `engine.auto_chunk` of `bytes_per_model` against the device memory.
+  Compiled programs are kept in the engine's bounded cache (`engine.compile_ahead`).
   on_eval: called after every evaluation as on_eval(steps_done_in_this_eval, train_loss_M).
   keep_params: also return the trained parameters (host numpy, leading axis M) as info["params"].
   own: data_lib.OwnTargets with one row per model: each model trains on and is scored by its own
@@ -393,29 +395,28 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parall
   config = config.validate().for_family(model.family)
   num_models = int(np.shape(points.learning_rate_M)[0])
   mesh = mesh or auto_mesh(num_models)
-  shards = parallel.num_replica_shards(mesh)
   rows_MxT, valid_MxT = data_lib.training_rows(data, points)
   selection = restart_masks(data, points, config) if config.restarts > 1 else ()
-  padded, valid = parallel.pad_to_multiple((points, rows_MxT, valid_MxT, selection, own),
-                                          shards)
-  per_device = len(valid) // shards
-  if chunk_size == parallel.AUTO and shards == 1 and mesh.devices.flat[0].platform == "cpu":
+  (points_s, rows_s, valid_s, selection_s, own_s), valid = engine.place(
+      (points, rows_MxT, valid_MxT, selection, own), mesh)
+  if chunk_size == parallel.AUTO and engine.is_single_cpu(mesh):
     chunk_size = 1  # Unbatched, one model at a time: see _map_models.
   elif chunk_size == parallel.AUTO:
     # The restart candidates of one fit are held at once (one vmap).
-    chunk_size = parallel.choose_chunk_size(
-        bytes_per_model(model, rows_MxT.shape[1], data.num_scenes, data.num_unique)
-        * config.restarts, per_device, num_shards=shards, memory_bytes=memory_bytes)
-  points_s, rows_s, valid_s, selection_s, own_s = parallel.shard_replicas(padded, mesh)
+    chunk_size = engine.auto_chunk(
+        mesh, len(valid), bytes_per_model(model, rows_MxT.shape[1], data.num_scenes,
+                                          data.num_unique) * config.restarts,
+        memory_bytes=memory_bytes)
   data_r, probes_r = jax.device_put((data, probes), parallel.replicated_sharding(mesh))
-  statics = {"model": model, "chunk_size": chunk_size, "num_shards": shards}
+  statics = {"model": model, "chunk_size": chunk_size,
+             "num_shards": parallel.num_replica_shards(mesh)}
   start = time.perf_counter()
   select_s, selected = 0.0, None
   if config.restarts == 1:
-    initial = _init_points.lower(points_s, **statics).compile()(points_s)
+    initial = engine.compile_ahead(_init_points, points_s, **statics)(points_s)
   else:
-    select = _select_points.lower(points_s, *selection_s, data_r, own_s, config=config,
-                                  **statics).compile()
+    select = engine.compile_ahead(_select_points, points_s, *selection_s, data_r, own_s,
+                                  config=config, **statics)
     select_start = time.perf_counter()
     initial, *selected = select(points_s, *selection_s, data_r, own_s)
     selected = parallel.to_host(selected)
@@ -423,10 +424,10 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parall
   # Placed like the points, so every training call takes and returns the same sharding.
   state = jax.device_put(initial, parallel.replica_sharding(mesh))
   zero = np.int32(0)
-  train = _train_points.lower(points_s, state, rows_s, valid_s, zero, zero, data_r, own_s,
-                              config=config, **statics).compile()
-  evaluate = _evaluate_points.lower(points_s, state[0], data_r, probes_r, own_s, config=config,
-                                    **statics).compile()
+  train = engine.compile_ahead(_train_points, points_s, state, rows_s, valid_s, zero, zero,
+                               data_r, own_s, config=config, **statics)
+  evaluate = engine.compile_ahead(_evaluate_points, points_s, state[0], data_r, probes_r, own_s,
+                                  config=config, **statics)
   compile_s = time.perf_counter() - start - select_s
   train_s = eval_s = 0.0
   history, done = [], 0

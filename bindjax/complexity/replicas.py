@@ -29,6 +29,7 @@ import numpy as np
 from scipy import stats
 
 from bindjax import config_values
+from bindjax import engine
 from bindjax import errors
 from bindjax import extract
 from bindjax import files
@@ -188,12 +189,10 @@ def encode_bucket(loaded, positions, batch_size, mesh=None):
   ids_U = np.arange(space.num_objects, dtype=np.int32)
   objects_NxKxC, num_objects_N = extract.pair_scenes(space, ids_U)
   mesh = _mesh(len(positions), mesh)
-  padded, _ = parallel.pad_to_multiple(_take(loaded.params, positions),
-                                       parallel.num_replica_shards(mesh))
   start = time.perf_counter()
-  z_RxNxD, probes = extract.encode_replicas(parallel.shard_replicas(padded, mesh), loaded.model,
-                                            space, ids_U, objects_NxKxC, num_objects_N,
-                                            batch_size)
+  params_R, _ = engine.place(_take(loaded.params, positions), mesh)
+  z_RxNxD, probes = extract.encode_replicas(params_R, loaded.model, space, ids_U, objects_NxKxC,
+                                            num_objects_N, batch_size)
   seconds = time.perf_counter() - start
   sets = [extract.embedding_set(loaded.trained(p), "all", ids_U, objects_NxKxC, num_objects_N,
                                 z_RxNxD[i], {k: v[i] for k, v in probes.items()})

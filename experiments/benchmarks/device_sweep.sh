@@ -67,13 +67,13 @@ fi
 STEPS_QUICK=$("$PYTHON" - "$OUT/throughput.json" "$PRESET" "$QUICK_SECONDS" "$MIN_STEPS" \
   "${EXTRA[@]}" <<'EOF'
 import json, sys
-from bindjax import sweep
+from bindjax import grid
 from bindjax.commands import flags
 path, preset, seconds, least = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 overrides = sys.argv[5:]
 fv = flags.new_flag_values(with_workdir=False)
 flags.parse(fv, ["steps", f"--config=experiments/coverage_sweep.py:{preset}", *overrides])
-replicas = len(sweep.expand_grid(fv["config"].value)[0])
+replicas = len(grid.expand_grid(fv["config"].value)[0])
 try:
   rows = json.load(open(path))["rows"]
   row = min(rows, key=lambda r: abs(r["replicas"] - replicas))

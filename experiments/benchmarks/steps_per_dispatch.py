@@ -118,9 +118,10 @@ class Worker:
 
 def compare(args):
   """Rounds of one run per side; returns the result dict and the Markdown table."""
+  from bindjax import grid
   from bindjax import sweep
   config = config_for(args.model, args.steps, args.fast_compile)
-  _, (bucket,) = sweep.expand_grid(config)
+  _, (bucket,) = grid.expand_grid(config)
   replicas = len(bucket.replicas)
   sides = {ONE_STEP: (args.baseline, args.steps),
            K_STEPS: (REPO, len(sweep.dispatch_ends(bucket.spec, config.log_every,

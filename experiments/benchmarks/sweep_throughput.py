@@ -33,7 +33,7 @@ import time
 import jax
 import numpy as np
 
-from bindjax import files, models, parallel, sweep, xla_options
+from bindjax import bucket_programs, engine, files, grid, models, parallel, xla_options
 from bindjax.commands import flags
 import repeats  # experiments/benchmarks/repeats.py, beside this script
 
@@ -63,7 +63,7 @@ def config_for(model, replicas):
 
 def single_bucket(config):
   """The config's only bucket."""
-  _, buckets = sweep.expand_grid(config)
+  _, buckets = grid.expand_grid(config)
   (bucket,) = buckets
   return bucket
 
@@ -72,15 +72,13 @@ def bucket_runner(config, devices=None, chunk=parallel.AUTO):
   """(compile seconds, run(steps) -> seconds, bucket, chunk) for the config's single bucket."""
   bucket = single_bucket(config)
   mesh = parallel.make_mesh(devices=devices)
-  hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(),
-                                         parallel.num_replica_shards(mesh))
-  hyper = parallel.shard_replicas(hyper_np, mesh)
+  hyper, _ = engine.place(bucket.stacked_hyper(), mesh)
   t0 = time.perf_counter()
-  init_fn, run_fn, _, chunk = sweep.compile_bucket(
+  init_fn, run_fn, _, chunk = bucket_programs.compile_bucket(
       bucket.spec, mesh, hyper, chunk, log=lambda *_: None,
       fast_compile=bool(config.sweep.fast_compile))
   compile_seconds = time.perf_counter() - t0
-  one = sweep.global_scalar(1, mesh)
+  one = bucket_programs.global_scalar(1, mesh)
   state = init_fn(hyper)
   state, metrics = run_fn(state, hyper, one)  # warm-up
   jax.block_until_ready(metrics)

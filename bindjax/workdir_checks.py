@@ -1,0 +1,125 @@
+"""Whether and how a sweep may use its workdir: the path, the lock held for the run's life
+(`bindjax.workdir_lock`), what the directory already holds, what --overwrite removes, and the
+check of a finished run's results against its done record.
+
+A finished workdir is left alone; one whose results.jsonl no longer matches the done record is
+rebuilt from the buckets' final checkpoints. Nothing a user put there is removed: --overwrite
+deletes only what a previous run recorded as its outputs.
+"""
+import contextlib
+import hashlib
+import os
+
+from bindjax import checkpoint
+from bindjax import errors
+from bindjax import files
+from bindjax import parallel
+from bindjax import results
+from bindjax import workdir_lock
+
+
+def check_path(workdir):
+  """errors.ConfigError when `workdir` is a file or lies under one."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise errors.ConfigError(f"workdir={workdir!r} is a file; expected a directory")
+  parent = workdir
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise errors.ConfigError(f"workdir={workdir!r} lies under {parent}, which is a file; "
+                             "expected a directory path")
+
+
+@contextlib.contextmanager
+def ownership(workdir, log):
+  """Holds the workdir's lock (taken by the writer process) for the block."""
+  lock, failure = None, None
+  if parallel.is_writer():
+    try:
+      lock = workdir_lock.acquire(workdir)
+    except OSError as e:
+      failure = e
+  if parallel.any_process(failure is not None):
+    raise failure or OSError(f"workdir {workdir}: process 0 could not take its lock")
+  try:
+    if lock is not None and lock.stale:
+      log(f"workdir {workdir}: took over the lock of a run that has ended "
+          f"({workdir_lock.describe(lock.stale)})")
+    yield
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _holds_run(workdir):
+  return (os.path.exists(os.path.join(workdir, results.CONFIG_FILE))
+          or files.recorded_outputs(workdir) is not None)
+
+
+def check_contents(workdir, config_json, overwrite):
+  """Usage errors (errors.ConfigError) for a workdir this run may not use: one holding files
+  that are not a bindjax run (with --overwrite: files named like its outputs), or without
+  --overwrite a run of a different config."""
+  entries = [name for name in (os.listdir(workdir) if os.path.isdir(workdir) else [])
+             if name != workdir_lock.LOCK_FILE]
+  if not entries or _holds_run(workdir):
+    if not overwrite:
+      results.check_saved_config(workdir, config_json)
+    return
+  if not overwrite:
+    raise errors.ConfigError(f"workdir={workdir!r} is not empty and holds no bindjax run; "
+                             "expected a new or empty directory or a run to resume, or pass "
+                             "--overwrite")
+  clashes = sorted(set(entries) & set(results.OUTPUTS + (results.REPORT_DIR, files.OUTPUTS_FILE)))
+  if clashes:
+    raise errors.ConfigError(f"workdir={workdir!r} holds {', '.join(clashes)}, which bindjax did "
+                             "not record as its outputs; move them away (--overwrite removes "
+                             "only what bindjax wrote)")
+
+
+def remove_outputs(workdir):
+  """What a previous run recorded as its outputs (a run older than the record: the names it
+  writes), and the report's recorded files; a user's files stay."""
+  legacy = results.OUTPUTS if os.path.exists(os.path.join(workdir, results.CONFIG_FILE)) else ()
+  files.remove_recorded_outputs(workdir, legacy)
+  report_dir = os.path.join(workdir, results.REPORT_DIR)
+  if os.path.isdir(report_dir):
+    files.remove_recorded_outputs(report_dir)
+    if not os.listdir(report_dir):
+      os.rmdir(report_dir)
+
+
+def finished(workdir, done, buckets, log):
+  """A finished workdir's done record, after checking results.jsonl against it; a damaged file
+  is rebuilt from the buckets' final checkpoints (ValueError when they cannot rebuild it)."""
+  path = os.path.join(workdir, results.RESULTS_FILE)
+  expected = done.get("results_sha256")
+  if expected is None or not parallel.is_writer():
+    return done
+  content = b""
+  if os.path.exists(path):
+    with open(path, "rb") as f:
+      content = f.read()
+  if hashlib.sha256(content).hexdigest() == expected:
+    return done
+  coordinates = {}
+  rows = []
+  for bucket in buckets:
+    coordinates.update((r.index, r.coordinates()) for r in bucket.replicas)
+    directory = results.bucket_checkpoint_dir(workdir, bucket.index)
+    latest = None
+    if os.path.isdir(directory):
+      with checkpoint.Checkpoints(directory) as ckpt:
+        latest = ckpt.verified_metadata(log)
+    if latest is None or "rows" not in latest[1]:
+      rows = None
+      break
+    rows += results.unpack_rows(latest[1]["rows"], coordinates)
+  if rows is None or results.rows_digest(rows) != expected:
+    raise ValueError(f"{path} does not match {results.DONE_FILE} (damaged or edited) and the "
+                     "checkpoints cannot rebuild it; restore it from a copy or pass --overwrite")
+  files.write_atomic(path, results.rows_text(rows))
+  results.write_summary(workdir, rows, [c for _, c in sorted(coordinates.items())])
+  log(f"{path} did not match {results.DONE_FILE} (damaged or edited); rebuilt it from the "
+      "checkpoints")
+  return done
