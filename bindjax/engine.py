@@ -1,7 +1,7 @@
 """The replica engine: how stacked replicas (independent models on a leading axis R) are placed on
 a mesh, chunked to fit in memory and compiled ahead of time.
 
-Its callers are the sweep's bucket programs (`bindjax.buckets`), the complexity fits
+Its callers are the sweep's bucket programs (`bindjax.bucket_programs`), the complexity fits
 (`bindjax.complexity.fitting`) and the sweep-wide encoding (`bindjax.complexity.replicas`). Their
 per-replica functions stay pure and their own; the engine only pads, shards, picks a chunk size
 and compiles:
