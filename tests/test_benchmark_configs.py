@@ -3,7 +3,7 @@ import argparse
 import importlib.util
 import os
 
-from bindjax import sweep
+from bindjax import grid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,7 +22,7 @@ def test_learning_time_models_have_the_read_out_their_names_say():
   bench = _benchmark("binding_learning_time")
   args = argparse.Namespace(sizes=[4], models=sorted(bench.MODELS), seeds=1, learning_rate=1e-3,
                             steps=10, eval_every=5)
-  _, buckets = sweep.expand_grid(bench.make_config(args))
+  _, buckets = grid.expand_grid(bench.make_config(args))
   readouts = {b.replicas[0].model: b.spec.model.product_readout for b in buckets}
   assert readouts == {name: ("none" if "product" not in name else
                              "query" if name.endswith("query") else "both")
