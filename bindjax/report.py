@@ -66,7 +66,8 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
   """Groups selected rows into series (one per setting) and coverage points over seeds.
 
   Returns a list of dicts sorted by |O|: {"key", "label", "space_size", "points": [{"coverage",
-  "seeds", "steps", "heldout_objects", "diverged", metric: {"mean", "std", "min", "max",
+  "seeds", "steps", "heldout_objects", "diverged", "fitted" (False: at most K held-out objects,
+  left out of the ρ* fits), metric: {"mean", "std", "min", "max",
   "values"}}], "per_seed": {seed: [(coverage, value of metrics[0])]}}.
   """
   series = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -95,9 +96,10 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
             "min": float(finite.min()) if finite.size else None,
             "max": float(finite.max()) if finite.size else None,
             "values": [None if not np.isfinite(v) else float(v) for v in values]}
+      point["fitted"] = not any(_trivially_separated(r) for r in rows)
       for r in rows:
         value = results.metric_value(r, metrics[0])
-        if value is not None and np.isfinite(value):
+        if value is not None and np.isfinite(value) and point["fitted"]:
           per_seed[r[results.SEED]].append((coverage, float(value)))
       points.append(point)
     values = dict(zip(SERIES_KEYS, key))
@@ -112,6 +114,16 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
                 "per_seed": {str(s): v for s, v in sorted(per_seed.items())}})
   out.sort(key=lambda s: (s["space_size"], s["label"]))
   return out
+
+
+def _trivially_separated(row):
+  """Whether the replica holds out at most K objects (K objects per scene): every held-out
+  scene then holds all the candidates, so held-out accuracy is 1 by construction and says
+  nothing about generalisation; such points are drawn but left out of the ρ* fits."""
+  if results.NUM_TRAIN_OBJECTS not in row:
+    return False
+  held_out = row[results.SPACE_SIZE] - row[results.NUM_TRAIN_OBJECTS]
+  return 0 < held_out <= row[results.MAX_OBJECTS]
 
 
 def _hashable(v):
@@ -396,6 +408,8 @@ def _coverage_rows(s):
       values = " ".join(_number(v) for v in m["values"])
       cells.append(f"{values} (mean {_number(m['mean'])})")
     heldout = ", ".join(map(str, p["heldout_objects"])) or "–"
+    if not p.get("fitted", True):
+      heldout += " (≤ K: not fitted)"
     steps = ", ".join(map(str, sorted(set(p["steps"]))))
     seeds = " ".join(map(str, p["seeds"]))
     lines.append(f"| {p['coverage']:g} | {heldout} | {seeds} | {steps} | "

@@ -276,3 +276,28 @@ def test_sweeps_holding_the_same_series_are_kept_apart(tmp_path):
     assert row["rho_star"] == own["rho_star"] and row["interval"] == own["interval"]
   assert together["scaling_law"] is None  # two curves of one size are not a law in |O|
   assert "sweep" not in alone["plain"]["critical_coverage"][0]
+
+
+def test_points_with_at_most_k_held_out_objects_are_drawn_but_not_fitted(tmp_path):
+  """With at most K held-out objects every held-out scene holds all the candidates, so its
+  accuracy is no evidence: whatever such a coverage reads (0 here, to make it count if it were
+  fitted), ρ* stays where it was."""
+  rows = [dict(r, num_train_objects=round(r["coverage"] * 400))
+          for r in _rows(planted={(2, 20): 0.5})]
+  base = report.make_report(_write_and_return(tmp_path / "base", rows), num_draws=20,
+                            formats=("png",))
+  near_all = [dict(r, replica=1000 + r["replica"], coverage=0.995, num_train_objects=399,
+                   **{"heldout/object_accuracy_2obj": 0.0})
+              for r in rows if r["coverage"] == 0.9]
+  both = report.make_report(_write_and_return(tmp_path / "both", rows + near_all), num_draws=20,
+                            formats=("png",))
+  (before,), (after,) = base["critical_coverage"], both["critical_coverage"]
+  assert after["rho_star"] == before["rho_star"] and after["interval"] == before["interval"]
+  assert 0.995 in after["coverages"]
+  with open(tmp_path / "both" / "report" / "critical_coverage.md") as f:
+    assert "| 0.995 | 1 (≤ K: not fitted) |" in f.read()
+
+
+def _write_and_return(workdir, rows):
+  _write(str(workdir), rows)
+  return str(workdir)
