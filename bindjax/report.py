@@ -72,7 +72,7 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
   """
   series = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in selected:
-    key = tuple(_hashable(row.get(k)) for k in SERIES_KEYS)
+    key = _series_key(row)
     series[key][float(row[results.COVERAGE])].append(row)
   out = []
   varying = _varying_keys(series.keys())
@@ -124,6 +124,11 @@ def _trivially_separated(row):
     return False
   held_out = row[results.SPACE_SIZE] - row[results.NUM_TRAIN_OBJECTS]
   return 0 < held_out <= row[results.MAX_OBJECTS]
+
+
+def _series_key(row):
+  """The row's values of SERIES_KEYS: rows with equal keys are one series."""
+  return tuple(_hashable(row.get(k)) for k in SERIES_KEYS)
 
 
 def _hashable(v):
@@ -465,7 +470,7 @@ def _rows_of_sweeps(workdirs, step):
   """The selected rows of every sweep. If two sweeps hold the same series, every row carries
   its sweep's name (SWEEP), so that no curve averages replicas of different sweeps."""
   per_sweep = [_selected_rows(w, step) for w in workdirs]
-  keys = [{tuple(_hashable(r.get(k)) for k in SERIES_KEYS) for r in rows} for rows in per_sweep]
+  keys = [{_series_key(r) for r in rows} for rows in per_sweep]
   if sum(map(len, keys)) == len(set().union(*keys)):
     return [row for rows in per_sweep for row in rows]
   names = [os.path.basename(os.path.abspath(w)) for w in workdirs]
