@@ -29,9 +29,10 @@ from bindjax.commands import flags as bj_flags
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
 # Model settings by name: the cpu preset's towers, with and without the product read-out, a
-# deeper variant, and the published towers (d_model 256, 6 layers) in bfloat16. Every entry
-# names product_readout: a grid model sets only the fields it lists, and the cpu preset the
-# grid starts from has the read-out in both towers.
+# deeper variant, the cpu towers at the original code's feed-forward width (d_ff 2048), and the
+# published towers (d_model 256, 6 layers) in bfloat16. Every entry names product_readout: a
+# grid model sets only the fields it lists, and the cpu preset the grid starts from has the
+# read-out in both towers.
 CPU_TOWERS = dict(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32)
 PAPER_TOWERS = dict(d_model=256, num_heads=4, num_layers=6, d_ff=2048, d_out=64,
                     compute_dtype="bfloat16")
@@ -40,6 +41,7 @@ MODELS = {
     "cpu_product": dict(CPU_TOWERS, product_readout="both"),
     "cpu_product_query": dict(CPU_TOWERS, product_readout="query"),
     "deep": dict(CPU_TOWERS, num_layers=4, product_readout="none"),
+    "cpu_ff2048": dict(CPU_TOWERS, d_ff=2048, product_readout="none"),
     "paper": dict(PAPER_TOWERS, product_readout="none"),
     "paper_product": dict(PAPER_TOWERS, product_readout="both"),
 }
