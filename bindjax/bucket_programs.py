@@ -141,13 +141,16 @@ def compile_bucket(spec, mesh, hyper, chunk_setting=parallel.AUTO,
   chunk_setting (`parallel.chunk_setting`): None = all replicas at once, n = n replicas at a
   time (over all devices), "auto" = from the compiled program's memory analysis (or
   `estimate_step_bytes`) against the device memory and, on CPU, each core's share of the
-  last-level cache (`engine.auto_chunk`). Compiled programs are cached per (spec, mesh,
+  last-level cache (`engine.auto_chunk`). Compiled programs are cached per (spec.program, mesh,
   replicas, chunk) in the engine's bounded cache (`engine.cached`).
   fast_compile: compile with xla_options.FAST_COMPILE_OPTIONS. Every program gets
   `xla_options.compiler_options` for the mesh's platform.
   keep_best: the state carries each replica's best parameters (`init_bucket_state`); eval
   returns the updated state beside the metrics either way.
   """
+  # The loop's settings (steps, cadence) are not part of the programs: the schedule's length
+  # rides in `hyper`, so buckets that differ only there share them.
+  spec = spec.program
   options = xla_options.compiler_options(engine.platform(mesh), fast_compile)
   chunk = parallel.chunk_setting(chunk_setting, "config.sweep.chunk_size")
   if chunk == parallel.AUTO:

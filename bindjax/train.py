@@ -3,11 +3,15 @@
 The functions are written for ONE replica and are pure, so the sweep vmaps them over a leading
 replica axis:
 
-  spec = RunSpec.from_config(config)          # static settings (hashable: one compile per spec)
+  spec = RunSpec.from_config(config)          # the run's settings; spec.program sets the shapes
   hyper, split = hyper_from_config(config, spec)   # per-replica arrays (stack them to vmap)
-  state = init(hyper.key, spec, hyper)
-  state, metrics = train_step(state, hyper, spec)  # samples its own batch from fold_in(data, step)
-  metrics = eval_step(state.params, eval_key(hyper.key, step), hyper, spec)
+  program = spec.program                      # hashable: one compile per program
+  state = init(hyper.key, program, hyper)
+  state, metrics = train_step(state, hyper, program)  # samples its batch from fold_in(data, step)
+  metrics = eval_step(state.params, eval_key(hyper.key, step), hyper, program)
+
+The schedule's length (num_steps and its warm-up) rides in `Hyper` as data, so runs that differ
+only in their loop settings (steps, evaluation and logging cadence) share one compiled program.
 
 Randomness: a replica's root key (from its seed) splits into three streams by fold_in: 0 model
 init, 1 training data (fold_in(·, step) per step), 2 evaluation (fold_in(·, step) per evaluation).
@@ -99,28 +103,46 @@ def _float(config, path, low, high, low_open=False, high_open=False):
 
 
 @dataclasses.dataclass(frozen=True)
-class RunSpec:
-  """Every setting that shapes a run's programs (hashable; a static jit argument).
+class ProgramSpec:
+  """The settings that shape a replica's compiled programs (hashable; a static jit argument).
 
-  Replicas that share a RunSpec share one compiled train_step/eval_step; what varies between them
-  (coverage, seed, learning rate, weight decay) lives in `Hyper`.
+  Replicas that share a ProgramSpec share one compiled train_step/eval_step; what varies between
+  them (coverage, seed, learning rate, weight decay, the schedule's length) lives in `Hyper`.
   """
   space: world.ObjectSpace
   sampler: scenes.SamplerConfig        # training batches
   eval_sampler: scenes.SamplerConfig   # evaluation batches (eval_batch_size scenes)
   model: models.ModelConfig
-  # No defaults here: default_config() holds them, once.
-  num_steps: int
-  warmup_fraction: float
-  eval_every: int
   eval_batches: int
   adam_b1: float
   adam_b2: float
   adam_eps: float
 
   @property
+  def program(self):
+    return self
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec(ProgramSpec):
+  """A run's settings shared by its replicas: its program's, and the loop's (how many steps,
+  how often it evaluates), which are not part of any compiled program.
+
+  Every field is required: default_config() holds the defaults, once.
+  """
+  num_steps: int
+  warmup_fraction: float
+  eval_every: int
+
+  @property
   def warmup_steps(self):
     return int(self.warmup_fraction * self.num_steps)
+
+  @property
+  def program(self):
+    """The ProgramSpec part: what the compiled programs depend on."""
+    return ProgramSpec(**{f.name: getattr(self, f.name)
+                          for f in dataclasses.fields(ProgramSpec)})
 
   @classmethod
   def from_config(cls, config):
@@ -199,16 +221,20 @@ class Hyper:
   permutation_O: jax.Array   # int32 [|O|]; training objects are permutation_O[:num_train]
   num_train: jax.Array       # int32 []; == |O| means no held-out set (coverage 1)
   key: jax.Array             # uint32 [2], the replica's root PRNG key
+  num_steps: jax.Array       # int32 [], the schedule's length (it decays to 0 there)
+  warmup_steps: jax.Array    # int32 []
 
 
-def make_hyper(split, *, seed, learning_rate, weight_decay):
-  """Hyper of one replica from its coverage split, seed and optimiser settings (numpy arrays)."""
+def make_hyper(split, *, seed, learning_rate, weight_decay, num_steps, warmup_steps):
+  """Hyper of one replica from its coverage split, seed, optimiser settings and schedule length
+  (numpy arrays)."""
   check_hyper(learning_rate=learning_rate, weight_decay=weight_decay)
   return Hyper(
       learning_rate=np.float32(learning_rate), weight_decay=np.float32(weight_decay),
       permutation_O=np.asarray(split.permutation, np.int32),
       num_train=np.int32(split.num_train),
-      key=np.asarray(jax.random.key_data(jax.random.key(int(seed))), np.uint32))
+      key=np.asarray(jax.random.key_data(jax.random.key(int(seed))), np.uint32),
+      num_steps=np.int32(num_steps), warmup_steps=np.int32(warmup_steps))
 
 
 def hyper_from_config(config, spec):
@@ -219,7 +245,8 @@ def hyper_from_config(config, spec):
                                seed if split_seed < 0 else split_seed)
   hyper = make_hyper(split, seed=seed,
                      learning_rate=_field(config, "optimizer.learning_rate"),
-                     weight_decay=_field(config, "optimizer.weight_decay"))
+                     weight_decay=_field(config, "optimizer.weight_decay"),
+                     num_steps=spec.num_steps, warmup_steps=spec.warmup_steps)
   return hyper, split
 
 
@@ -230,24 +257,38 @@ def hyper_from_config(config, spec):
 def learning_rate_multiplier(step, num_steps, warmup_steps):
   """Schedule (docs/training.md): linear warm-up from 0 over `warmup_steps`, then linear decay to 0 at `num_steps`.
 
-  The update at step t uses multiplier(t), so the very first update has learning rate 0.
+  The update at step t uses multiplier(t), so the very first update has learning rate 0. The
+  lengths may be traced (per-replica data, so a new length needs no new program); optax's
+  linear_schedule branches on its length in Python, so it cannot take a traced one. The two
+  pieces are written out in the arithmetic XLA makes of optax's for a constant length (t / T
+  becomes t · (1 / T)), so a sweep's updates are those of the constant-length program before.
   """
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, 1.0, warmup_steps),
-       optax.linear_schedule(1.0, 0.0, max(num_steps - warmup_steps, 1))],
-      [warmup_steps])(step)
+  step = jnp.asarray(step)
+  warmup = jnp.asarray(warmup_steps, jnp.int32)
+  decay = jnp.maximum(jnp.asarray(num_steps, jnp.int32) - warmup, 1)
+
+  def fraction(count, length):   # clip(count, 0, length) / length
+    return (jnp.clip(count, 0, length).astype(jnp.float32)
+            * (1.0 / length.astype(jnp.float32)))
+
+  # optax: (init - end) * (1 - fraction) + end, for (0 → 1) and then (1 → 0).
+  rising = -1.0 * (1 - fraction(step, jnp.maximum(warmup, 1))) + 1.0
+  falling = 1.0 * (1 - fraction(step - warmup, decay)) + 0.0
+  return jnp.where(step < warmup, rising, falling)
 
 
-def make_optimizer(spec, learning_rate, weight_decay):
+def make_optimizer(spec, hyper):
   """AdamW (decoupled decay on every parameter, τ included) with the schedule of docs/training.md.
 
-  `learning_rate` (peak) and `weight_decay` may be traced per-replica arrays: the optimiser
-  state holds neither, so its structure is the same for every replica.
+  Peak learning rate, weight decay and the schedule's length come from `hyper` and may be traced
+  per-replica arrays: the optimiser state holds none of them, so its structure is the same for
+  every replica. spec: the ProgramSpec (or RunSpec) giving Adam's b1, b2 and eps.
   """
   def schedule(count):
-    return learning_rate * learning_rate_multiplier(count, spec.num_steps, spec.warmup_steps)
+    return hyper.learning_rate * learning_rate_multiplier(count, hyper.num_steps,
+                                                          hyper.warmup_steps)
   return optax.adamw(schedule, b1=spec.adam_b1, b2=spec.adam_b2, eps=spec.adam_eps,
-                     weight_decay=weight_decay)
+                     weight_decay=hyper.weight_decay)
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,7 +316,7 @@ def init(key, spec, hyper):
   """Fresh TrainState of one replica from its root key (usually hyper.key)."""
   init_key, data_key, _ = _streams(key)
   params = models.init_params(init_key, spec.model)
-  opt_state = make_optimizer(spec, hyper.learning_rate, hyper.weight_decay).init(params)
+  opt_state = make_optimizer(spec, hyper).init(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
                     key=data_key)
 
@@ -354,7 +395,7 @@ def train_step(state, hyper, spec, scene_sharding=None):
     return out["loss"], out
 
   (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  tx = make_optimizer(spec, hyper.learning_rate, hyper.weight_decay)
+  tx = make_optimizer(spec, hyper)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = {
@@ -366,7 +407,7 @@ def train_step(state, hyper, spec, scene_sharding=None):
       "batch_object_accuracy": objectives.masked_mean(out["object_correct_B"],
                                                       out["object_active_B"]),
       "learning_rate": hyper.learning_rate * learning_rate_multiplier(
-          state.step, spec.num_steps, spec.warmup_steps),
+          state.step, hyper.num_steps, hyper.warmup_steps),
       "grad_norm": optax.tree.norm(grads),
       "tau": state.params["tau"],
   }

@@ -246,6 +246,28 @@ def test_dispatches_end_where_rows_are_written():
   assert len(ends) == 19 and ends[:4] == [100, 101, 200, 201] and ends[-2:] == [901, 1000]
 
 
+def test_loop_settings_share_one_program():
+  """Runs that differ only in steps, warm-up, evaluation or logging cadence use the same
+  compiled programs; the schedule's length they run with is the one their hyper carries."""
+  longer = multi_step_config()
+  longer.num_steps, longer.eval.every, longer.log_every = 40, 7, 5
+  longer.optimizer.warmup_fraction = 0.25
+  (mesh, hyper_a, init_a, run_a), (_, hyper_b, init_b, run_b) = (
+      _compiled_bucket(c) for c in (multi_step_config(), longer))
+  assert init_a is init_b and run_a is run_b
+  two = bucket_programs.global_scalar(2, mesh)
+  lr_a = np.asarray(run_a(init_a(hyper_a), hyper_a, two)[1]["learning_rate"])
+  lr_b = np.asarray(run_b(init_b(hyper_b), hyper_b, two)[1]["learning_rate"])
+  # The metrics are those of the update at step 1, under each run's own schedule.
+  peak = np.asarray(hyper_a.learning_rate)
+  warmup = int(multi_step_config().optimizer.warmup_fraction * NUM_STEPS)
+  expected_a = peak * float(train.learning_rate_multiplier(1, NUM_STEPS, warmup))
+  np.testing.assert_allclose(lr_a, expected_a, rtol=1e-6)
+  np.testing.assert_allclose(lr_b, peak * float(train.learning_rate_multiplier(1, 40, 10)),
+                             rtol=1e-6)
+  assert not np.allclose(lr_a, lr_b)
+
+
 def _compiled_bucket(config):
   _, (bucket,) = grid.expand_grid(config)
   mesh = parallel.make_mesh()

@@ -83,6 +83,24 @@ def test_schedule_warmup_then_linear_decay():
   assert float(train.learning_rate_multiplier(0, 100, 0)) == 1.0
 
 
+@pytest.mark.parametrize("num_steps,warmup", [(100, 10), (300, 90), (7, 0), (1, 0), (50, 49)])
+def test_traced_schedule_is_the_rounded_exact_ratio(num_steps, warmup):
+  """With the lengths as traced data, every value is the exact fraction and optax's warm-up +
+  linear decay, both to within float32 rounding."""
+  steps = np.arange(-1, num_steps + 3)
+  traced = np.asarray(jax.jit(train.learning_rate_multiplier)(
+      jnp.asarray(steps, jnp.int32), jnp.int32(num_steps), jnp.int32(warmup)))
+  decay = max(num_steps - warmup, 1)
+  exact = np.where(steps < warmup, np.clip(steps, 0, None) / max(warmup, 1),
+                   (decay - np.clip(steps - warmup, 0, decay)) / decay)
+  np.testing.assert_allclose(traced, exact, rtol=0, atol=1.2e-7)
+  oracle = optax.join_schedules(
+      [optax.linear_schedule(0.0, 1.0, warmup), optax.linear_schedule(1.0, 0.0, decay)],
+      [warmup])
+  np.testing.assert_allclose(traced, jax.jit(oracle)(jnp.asarray(steps, jnp.int32)),
+                             rtol=0, atol=2e-7)
+
+
 def _plain_adamw(lr, wd, num_steps, warmup):
   schedule = optax.join_schedules(
       [optax.linear_schedule(0.0, lr, warmup), optax.linear_schedule(lr, 0.0, num_steps - warmup)],
@@ -99,9 +117,11 @@ def test_per_replica_arrays_equal_plain_optimiser():
            for _ in range(6)]
   settings = [(1e-2, 0.1), (3e-3, 0.0)]
 
+  hyper = train.hyper_from_config(_tiny_config(num_steps=20), spec)[0]
+
   def run_arrays(lr_R, wd_R):
     def one(lr, wd):
-      tx = train.make_optimizer(spec, lr, wd)
+      tx = train.make_optimizer(spec, hyper.replace(learning_rate=lr, weight_decay=wd))
       p, state = params, tx.init(params)
       for g in grads:
         updates, state = tx.update(g, state, p)
@@ -120,7 +140,8 @@ def test_per_replica_arrays_equal_plain_optimiser():
     for name in params:
       np.testing.assert_allclose(stacked[name][r], p[name], rtol=1e-6, atol=1e-7)
   # Weight decay reaches τ too: with zero gradients only decay moves it (after warm-up starts).
-  tx = train.make_optimizer(spec, jnp.float32(1e-2), jnp.float32(0.1))
+  tx = train.make_optimizer(spec, hyper.replace(learning_rate=jnp.float32(1e-2),
+                                                weight_decay=jnp.float32(0.1)))
   state = tx.init(params)
   zero = jax.tree.map(jnp.zeros_like, params)
   _, state = tx.update(zero, state, params)
