@@ -271,9 +271,10 @@ def learning_rate_multiplier(step, num_steps, warmup_steps):
     return (jnp.clip(count, 0, length).astype(jnp.float32)
             * (1.0 / length.astype(jnp.float32)))
 
-  # optax: (init - end) * (1 - fraction) + end, for (0 → 1) and then (1 → 0).
-  rising = -1.0 * (1 - fraction(step, jnp.maximum(warmup, 1))) + 1.0
-  falling = 1.0 * (1 - fraction(step - warmup, decay)) + 0.0
+  # optax's (init - end) * (1 - fraction) + end: for 0 → 1 that is 1 - (1 - fraction), whose
+  # rounding differs from the fraction's own.
+  rising = 1 - (1 - fraction(step, jnp.maximum(warmup, 1)))
+  falling = 1 - fraction(step - warmup, decay)
   return jnp.where(step < warmup, rising, falling)
 
 
