@@ -1,4 +1,4 @@
-"""The accelerator script's CPU fallback runs its three steps end to end."""
+"""The accelerator script's CPU fallback runs its four steps end to end."""
 import json
 import os
 import subprocess
@@ -11,7 +11,8 @@ SCRIPT = os.path.join(REPO, "experiments", "benchmarks", "device_sweep.sh")
 
 
 @pytest.mark.slow
-def test_cpu_fallback_measures_throughput_sizes_and_runs_the_quick_sweep(tmp_path):
+def test_cpu_fallback_measures_throughput_runs_the_quick_sweep_and_its_binding_fits(
+    tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(DEVICE_SWEEP_CPU="1", OUT=str(tmp_path), PYTHON=sys.executable,
              BINDJAX_COMPILATION_CACHE="0")
@@ -29,3 +30,11 @@ def test_cpu_fallback_measures_throughput_sizes_and_runs_the_quick_sweep(tmp_pat
   assert max(r["step"] for r in evaluations) == steps
   assert (tmp_path / "quick" / "report" / "phase_transition.png").exists()
   assert (tmp_path / "device_sweep.log").exists()
+  # The binding fits of the quick sweep's replicas, and the projection drawn from their timings.
+  fits = json.load(open(tmp_path / "quick_binding" / "results.json"))
+  assert fits["replicas"]["fitted"] == 1
+  projection = json.load(open(tmp_path / "binding_projection.json"))
+  assert projection["replicas"] == 1 and projection["target"] == 500
+  assert projection["projected_s"] == pytest.approx(
+      projection["compile_s"] + 500 * projection["seconds_per_replica"])
+  assert projection["seconds_per_replica"] > 0

@@ -22,6 +22,15 @@ separate runs would. Devices as `bindjax binding` makes them (`cpu_devices` of t
 Reports wall seconds, process CPU seconds (all threads; meaningful on a shared machine) and
 replicas per second of each, with compile and run time, and the run time per family. Writes
 experiments/benchmarks/results/binding_fits.{json,md}.
+
+  python experiments/benchmarks/binding_fits.py --project=OUT/results.json --out=PROJECTION
+
+projects instead, from the results.json of a finished `bindjax binding` run, what its fits
+would cost for --target replicas (default 500) on the same devices: the measured compile
+seconds once, plus the measured fitting seconds per replica without compiles (a batch of R
+replicas fitted in one program: larger batches fill an accelerator better, so this is an upper
+bound there) times the target. The experiments/benchmarks/device_sweep.sh script runs it on the
+accelerator's own sweep.
 """
 import argparse
 import os
@@ -70,6 +79,45 @@ def timed(fn):
   return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
+def projection(summary, target):
+  """The projected cost of `bindjax binding` on `target` replicas from one run's summary."""
+  timings = summary["timings"]
+  fitted = sum(t["replicas"] for t in timings)
+  if not fitted:
+    raise ValueError("no fitted replicas in the binding run: nothing to project from")
+  compile_s = sum(t["compile_s"] for t in timings)
+  run_s = sum(t["fit_s"] for t in timings) - compile_s
+  encode_s = sum(t["load_s"] + t["encode_s"] for t in timings)
+  per_replica = (run_s + encode_s) / fitted
+  return {"replicas": fitted, "target": target, "families": summary["config"]["models"],
+          "fit_steps": summary["fit_config"]["steps"],
+          "num_scenes": sorted({t["num_scenes"] for t in timings}),
+          "compile_s": compile_s, "run_s": run_s, "load_and_encode_s": encode_s,
+          "seconds_per_replica": per_replica,
+          "projected_s": compile_s + per_replica * target}
+
+
+def project(args):
+  """Prints and writes the projection of the binding run's results.json in args.project."""
+  sys.path.insert(0, REPO)
+  import jax  # pylint: disable=g-import-not-at-top
+  from bindjax import files  # pylint: disable=g-import-not-at-top
+  p = projection(files.read_json(args.project), args.target)
+  p["devices"] = f"{jax.device_count()} × {jax.devices()[0].device_kind}"
+  p["source"] = args.project
+  text = "\n".join([
+      f"# Binding fits: {p['target']} replicas projected from {p['replicas']} measured", "",
+      f"{p['devices']}; families {p['families']}, {p['fit_steps']} fit steps, "
+      f"{p['num_scenes']} scenes per replica", "",
+      "| compile s | fit s without compiles | load + encode s | s per replica | "
+      f"projected s for {p['target']} |", "|---:|---:|---:|---:|---:|",
+      f"| {p['compile_s']:.1f} | {p['run_s']:.1f} | {p['load_and_encode_s']:.1f} | "
+      f"{p['seconds_per_replica']:.2f} | {p['projected_s']:.0f} |", ""])
+  print(text)
+  files.write_atomic(args.out + ".md", text)
+  files.write_json(args.out + ".json", p)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--config", default=os.path.join(REPO, "experiments", "binding.py") +
@@ -78,7 +126,14 @@ def main(argv=None):
   parser.add_argument("--replicas", default="1,8,20")
   parser.add_argument("--pad_ratios", default="1.25,inf", help="batched ways to time")
   parser.add_argument("--out", default=os.path.join(RESULTS, "binding_fits"))
+  parser.add_argument("--project", default=None, metavar="RESULTS_JSON",
+                      help="only project the cost of --target replicas from a finished "
+                      "`bindjax binding` run's results.json")
+  parser.add_argument("--target", type=int, default=500)
   args = parser.parse_args(argv)
+  if args.project:
+    project(args)
+    return
   sys.path.insert(0, REPO)
   from bindjax import parallel  # pylint: disable=g-import-not-at-top
   from bindjax.commands import flags  # pylint: disable=g-import-not-at-top

@@ -6,12 +6,16 @@
 #      published towers (d_model 256, 6 layers, batch 512) with bfloat16 matmuls;
 #   3. the gpu_quick coverage sweep (experiments/coverage_sweep.py:gpu_quick), its step count set
 #      from the R=8 rate so that training takes about QUICK_SECONDS; `bindjax sweep` writes its
-#      report (final step) under quick/report/.
+#      report (final step) under quick/report/;
+#   4. `bindjax binding` on that sweep's replicas (experiments/binding.py:paper: the default fit,
+#      the paper's MLP width) and, from its measured fitting seconds per replica, the projected
+#      cost of the sweep-wide fits of 500 replicas on this device (binding_projection.{md,json}).
 # Everything lands in $OUT (default runs/device_sweep): the throughput table (.md/.json), the
-# sweep's results.jsonl, summary.csv and report/, and device_sweep.log.
+# sweep's results.jsonl, summary.csv and report/, the binding fits under quick_binding/, the
+# projection, and device_sweep.log.
 #
-#   bash experiments/benchmarks/device_sweep.sh            # GPU machine: both stages
-#   bash experiments/benchmarks/device_sweep.sh throughput # or quick: one stage
+#   bash experiments/benchmarks/device_sweep.sh            # GPU machine: every stage
+#   bash experiments/benchmarks/device_sweep.sh throughput # or quick, or binding: one stage
 #   DEVICE_SWEEP_CPU=1 bash experiments/benchmarks/device_sweep.sh   # CPU fallback: tiny model
 # The quick stage sizes its steps from $OUT/throughput.json when there is one, else it keeps the
 # preset's step count.
@@ -44,13 +48,14 @@ if [ "${DEVICE_SWEEP_CPU:-0}" != 1 ] && [ "$(backend)" != gpu ] && command -v nv
 fi
 if [ "${DEVICE_SWEEP_CPU:-0}" = 1 ] || [ "$(backend)" != gpu ]; then
   echo "no GPU: CPU fallback on a tiny model"
-  MODEL=small; REPLICAS=1,2; STEPS=2; REPEATS=1; PRESET=smoke; MIN_STEPS=10
+  MODEL=small; REPLICAS=1,2; STEPS=2; REPEATS=1; PRESET=smoke; MIN_STEPS=10; FITS=smoke
   QUICK_SECONDS=${QUICK_SECONDS_CPU:-1}
   EXTRA=(--config.grid.spaces='(2,4),' --config.grid.coverages=0.5 --config.grid.seeds=0
          --config.eval.batches=1)
   export JAX_PLATFORMS=cpu
 else
   MODEL=paper; REPLICAS=1,8,64; STEPS=10; REPEATS=3; PRESET=gpu_quick; MIN_STEPS=100; EXTRA=()
+  FITS=paper
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
@@ -62,6 +67,8 @@ timeout "${THROUGHPUT_SECONDS:-300}" "$PYTHON" experiments/benchmarks/sweep_thro
   --dtype=bfloat16 --out="$OUT/throughput"
 fi
 [ "$STAGE" = throughput ] && exit 0
+
+if [ "$STAGE" != binding ]; then
 
 # Steps for the quick sweep: QUICK_SECONDS of training at the measured rate of the bucket size
 # closest to the sweep's, rounded down to a multiple of MIN_STEPS (at least MIN_STEPS).
@@ -91,3 +98,12 @@ timeout $(( QUICK_SECONDS * 3 + 120 )) "$PYTHON" -m bindjax.cli sweep \
   --config=experiments/coverage_sweep.py:$PRESET --workdir="$OUT/quick" --overwrite \
   --config.num_steps="$STEPS_QUICK" --config.eval.every="$EVERY" \
   --config.checkpoint.every="$STEPS_QUICK" --config.log_every="$EVERY" "${EXTRA[@]}"
+fi
+[ "$STAGE" = quick ] && exit 0
+
+# The sweep-wide binding fits of the quick sweep's replicas, and what 500 replicas would cost.
+timeout "${BINDING_SECONDS:-240}" "$PYTHON" -m bindjax.cli binding --workdir="$OUT/quick" \
+  --config=experiments/binding.py:$FITS --out="$OUT/quick_binding" --overwrite --noprogress ||
+  { echo "binding fits did not finish"; exit 1; }
+"$PYTHON" experiments/benchmarks/binding_fits.py --project="$OUT/quick_binding/results.json" \
+  --out="$OUT/binding_projection"
