@@ -27,3 +27,24 @@ def test_learning_time_models_have_the_read_out_their_names_say():
   assert readouts == {name: ("none" if "product" not in name else
                              "query" if name.endswith("query") else "both")
                       for name in bench.MODELS}, readouts
+
+
+def test_learning_time_law_recovers_a_planted_power_and_checks_the_sizes_left_out():
+  """steps = 50·|O|^1.5 planted at three sizes comes back; a size not reached within fewer
+  steps than the law predicts is consistent with it, one not reached within more contradicts."""
+  bench = _benchmark("binding_learning_time")
+  table = [{"model": "m", "space_size": n, "steps_to_target": 50 * n ** 1.5, "final_step": 1e6}
+           for n in (16, 36, 64)]
+  table += [{"model": "m", "space_size": 100, "steps_to_target": None, "final_step": 40000},
+            {"model": "m", "space_size": 100, "steps_to_target": None, "final_step": 60000},
+            {"model": "alone", "space_size": 16, "steps_to_target": 10, "final_step": 100}]
+  laws = bench.fit_laws(table, extrapolate=(400,))
+  assert list(laws) == ["m"]   # one size reached: no law
+  law = laws["m"]
+  assert abs(law["a"] - 50) < 1e-6 and abs(law["b"] - 1.5) < 1e-9
+  assert abs(law["extrapolated"]["400"] - 50 * 400 ** 1.5) < 1e-3
+  assert [round(m["predicted"]) for m in law["not_reached"]] == [50000, 50000]
+  text = bench.markdown({"target": 0.9, "command": "c", "wall_seconds": None, "devices": "d",
+                         "table": [], "laws": laws})
+  assert "not reached by step 40,000, which is consistent with it" in text
+  assert "not reached by step 60,000, which contradicts it" in text

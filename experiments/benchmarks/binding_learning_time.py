@@ -62,8 +62,9 @@ def make_config(args):
   return config
 
 
-def learning_times(rows, target):
-  """Per (|O|, model): steps to reach `target` train/binding (seed mean), final values."""
+def learning_times(rows, target, run=0):
+  """Per (|O|, model): steps to reach `target` train/binding (seed mean), final values. `run`
+  labels the rows' run, so the same size and model from runs of other schedules stay apart."""
   binding, accuracy = results.binding(results.TRAIN), results.object_accuracy(results.TRAIN, 2)
   curves = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in rows:
@@ -75,12 +76,39 @@ def learning_times(rows, target):
     mean = {s: sum(r[binding] for r in by_step[s]) / len(by_step[s]) for s in steps}
     acc2 = {s: sum(r[accuracy] for r in by_step[s]) / len(by_step[s]) for s in steps}
     reached = [s for s in steps if mean[s] >= target]
-    table.append({"space_size": size, "model": model, "seeds": len(by_step[steps[-1]]),
+    table.append({"space_size": size, "model": model, "run": run,
+                  "seeds": len(by_step[steps[-1]]),
                   "steps_to_target": reached[0] if reached else None,
                   "final_step": steps[-1], "final_binding": mean[steps[-1]],
                   "final_object_accuracy_2obj": acc2[steps[-1]],
                   "curve": [[s, mean[s]] for s in steps]})
   return table
+
+
+def fit_laws(table, extrapolate=(400, 2500)):
+  """Per model with two or more sizes that reached the target: steps = a·|O|^b by least
+  squares in log-log, its values at the `extrapolate` sizes, and at every size of that model
+  that did not reach the target within its final step (where the law is tested, not fitted)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  laws = {}
+  for model in sorted({r["model"] for r in table}):
+    entries = [r for r in table if r["model"] == model]
+    first = {}
+    for r in entries:
+      if r["steps_to_target"] is not None:
+        first[r["space_size"]] = min(first.get(r["space_size"], np.inf), r["steps_to_target"])
+    if len(first) < 2:
+      continue
+    sizes = sorted(first)
+    b, log_a = np.polyfit(np.log(sizes), np.log([first[n] for n in sizes]), 1)
+    predict = lambda n, a=float(np.exp(log_a)), b=float(b): a * n ** b
+    laws[model] = {
+        "a": float(np.exp(log_a)), "b": float(b), "sizes": sizes,
+        "extrapolated": {str(n): predict(n) for n in extrapolate},
+        "not_reached": [{"space_size": r["space_size"], "final_step": r["final_step"],
+                         "predicted": predict(r["space_size"])}
+                        for r in entries if r["steps_to_target"] is None]}
+  return laws
 
 
 def markdown(result):
@@ -96,6 +124,17 @@ def markdown(result):
     lines.append(f"| {r['space_size']} | {r['model']} | {r['seeds']} | {reached} | "
                  f"{r['final_step']} | {r['final_binding']:.3f} | "
                  f"{r['final_object_accuracy_2obj']:.3f} |")
+  for model, law in result.get("laws", {}).items():
+    lines += ["", f"Law for {model} over |O| = {', '.join(map(str, law['sizes']))}: steps ≈ "
+              f"{law['a']:.3g}·|O|^{law['b']:.2f}"
+              + (" (exact through two sizes: no residual, no interval)"
+                 if len(law["sizes"]) == 2 else "") + "; extrapolated: " + ", ".join(
+                  f"{v:,.0f} at |O| = {n}" for n, v in law["extrapolated"].items())]
+    for miss in law["not_reached"]:
+      verdict = ("contradicts it" if miss["predicted"] <= miss["final_step"]
+                 else "is consistent with it")
+      lines.append(f"- |O| = {miss['space_size']}: the law predicts {miss['predicted']:,.0f} "
+                   f"steps; not reached by step {miss['final_step']:,}, which {verdict}")
   return "\n".join(lines) + "\n"
 
 
@@ -109,7 +148,8 @@ def plot(table, target, path):
   for ax, model in zip(axes[0], models):
     for r in (r for r in table if r["model"] == model):
       steps, values = zip(*r["curve"])
-      ax.plot(steps, values, marker=".", label=f"|O|={r['space_size']}")
+      ax.plot(steps, values, marker=".",
+              label=f"|O|={r['space_size']} ({r['final_step']:,} steps)")
     ax.axhline(target, color="grey", lw=0.8, ls="--")
     ax.set_title(model)
     ax.set_xlabel("step")
@@ -133,9 +173,10 @@ def main():
   parser.add_argument("--target", type=float, default=0.9)
   parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "binding_learning_time"))
   parser.add_argument("--out", default=os.path.join(RESULTS, "binding_learning_time"))
-  parser.add_argument("--tabulate", default=None, metavar="RESULTS_JSONL",
-                      help="only tabulate the rows of an earlier (possibly killed) run's "
-                      "results.jsonl, with its devices and timing given as --note")
+  parser.add_argument("--tabulate", default=None, metavar="RESULTS_JSONL[,...]",
+                      help="only tabulate the rows of earlier (possibly killed) runs' "
+                      "results.jsonl (a comma list: one table and law over all of them), with "
+                      "their devices and timing given as --note")
   parser.add_argument("--note", default="", help="with --tabulate: where and how it ran")
   args = parser.parse_args()
   args.sizes = [int(v) for v in args.sizes.split(",")]
@@ -144,10 +185,14 @@ def main():
   if unknown:
     parser.error(f"--models: unknown {unknown}; expected names from {sorted(MODELS)}")
   if args.tabulate:
-    table = learning_times(files.read_jsonl(args.tabulate), args.target)
-    write(args, {"command": f"rows of {os.path.basename(os.path.dirname(args.tabulate))}",
-                 "devices": args.note, "load_before": None, "wall_seconds": None,
-                 "replica_steps": None, "target": args.target, "table": table})
+    paths = args.tabulate.split(",")
+    table = [entry for run, path in enumerate(paths)
+             for entry in learning_times(files.read_jsonl(path), args.target, run)]
+    table.sort(key=lambda r: (r["model"], r["space_size"], r["final_step"]))
+    runs = ", ".join(os.path.basename(os.path.dirname(p)) for p in paths)
+    write(args, {"command": f"rows of {runs}", "devices": args.note, "load_before": None,
+                 "wall_seconds": None, "replica_steps": None, "target": args.target,
+                 "table": table, "laws": fit_laws(table)})
     return
   config = make_config(args)
   parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
@@ -168,7 +213,8 @@ def main():
       "devices": f"{len(devices)} × {devices[0].device_kind} ({platform.node()})",
       "load_before": [round(x, 2) for x in load_before] if load_before else None,
       "wall_seconds": wall, "compile_seconds": done["compile_seconds"],
-      "replica_steps": done["replica_steps"], "target": args.target, "table": table}
+      "replica_steps": done["replica_steps"], "target": args.target, "table": table,
+      "laws": fit_laws(table)}
   write(args, result)
 
 
