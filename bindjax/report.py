@@ -473,7 +473,7 @@ def _rows_of_sweeps(workdirs, step):
   keys = [{_series_key(r) for r in rows} for rows in per_sweep]
   if sum(map(len, keys)) == len(set().union(*keys)):
     return [row for rows in per_sweep for row in rows]
-  names = [files.as_path(w).name for w in workdirs]
+  names = [w.name for w in workdirs]
   if len(set(names)) < len(names):
     names = [str(w) for w in workdirs]
   return [dict(row, **{SWEEP: name}) for name, rows in zip(names, per_sweep) for row in rows]
@@ -481,7 +481,7 @@ def _rows_of_sweeps(workdirs, step):
 
 def _selected_rows(workdir, step):
   """One evaluation row per replica of the sweep in workdir (results.select_evaluations)."""
-  path = files.as_path(workdir) / results.RESULTS_FILE
+  path = workdir / results.RESULTS_FILE
   rows = results.read_rows(workdir)
   if not rows:
     raise ValueError(f"workdir='{workdir}': no result rows in {path}; run `bindjax sweep` first")
