@@ -29,13 +29,12 @@ Best-by-metric parameters are not separate checkpoints: the sweep keeps them ins
 """
 import hashlib
 import json
-import os
-import shutil
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from bindjax import files
 from bindjax import parallel
 
 _ITEMS = ("state", "metadata")
@@ -113,20 +112,24 @@ class Checkpoints:
     """Opens (creating if needed) the checkpoint directory.
 
     Args:
-      directory: folder holding one sub-folder per saved step.
+      directory: folder holding one sub-folder per saved step (any `etils.epath` path orbax
+        writes to: local, gs://).
       keep: number of newest checkpoints kept (>= 1).
       async_save: write in background threads (arrays are copied before `save` returns).
     """
     if keep < 1:
       raise ValueError(f"Checkpoints: keep={keep!r}, expected an int >= 1")
-    self.directory = os.path.abspath(os.fspath(directory))
+    self.directory = files.as_path(directory)
     # A write killed half-way leaves a temporary folder. It is removed here, before any save:
     # orbax's own clean-up runs beside the first save and can remove the temporary folder of
     # that very save when it is for the same step.
-    if parallel.is_writer() and os.path.isdir(self.directory):
-      for name in os.listdir(self.directory):
-        if TMP_MARK in name:
-          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    if parallel.is_writer() and self.directory.is_dir():
+      for path in self.directory.iterdir():
+        if TMP_MARK in path.name:
+          try:
+            path.rmtree()
+          except OSError:
+            pass   # orbax's clean-up gets another go
     self._manager = ocp.CheckpointManager(
         self.directory, item_names=_ITEMS,
         options=ocp.CheckpointManagerOptions(
@@ -136,7 +139,7 @@ class Checkpoints:
 
   def path(self, step):
     """The folder of checkpoint `step`."""
-    return os.path.join(self.directory, str(int(step)))
+    return self.directory / str(int(step))
 
   def _writing(self, what, step=None):
     """Runs orbax's `what`; a failure to write becomes one CheckpointWriteError."""

@@ -244,28 +244,36 @@ class EmbeddingSet:
 
   # ---------------------------------------------------------------- native format
   def save(self, directory, overwrite=False):
-    """Writes the native format to `directory` (a new directory, atomically).
+    """Writes the native format to `directory` (any `etils.epath` path); returns its path.
 
-    Refuses an existing directory unless overwrite=True.
+    Locally the directory is new and published atomically (one rename). Elsewhere (gs://, ...)
+    there is no rename of a folder: its two files are written one by one, each whole, the
+    metadata last. Refuses an existing directory unless overwrite=True.
     """
     self.validate()
-    directory = os.path.abspath(os.fspath(directory))
-    if os.path.exists(directory) and not overwrite:
+    directory = files.as_path(directory)
+    if directory.exists() and not overwrite:
       raise FileExistsError(f"{directory} exists; pass overwrite=True to replace it")
+    if not files.is_local(directory):
+      self._write_files(directory)
+      return os.fspath(directory)
     tmp = new_temp_dir(directory)
     try:
-      arrays = {"embeddings": self.embeddings, "objects": self.objects,
-                "num_objects": self.num_objects}
-      arrays.update({f"probe_{name}": probe for name, probe in self.probes.items()})
-      with open(os.path.join(tmp, ARRAYS_FILE), "wb") as f:
-        np.savez(f, **arrays)
-      with open(os.path.join(tmp, METADATA_FILE), "w") as f:
-        f.write(files.dumps(self._metadata(), indent=1))
+      self._write_files(files.as_path(tmp))
       move_into_place(tmp, directory)
     finally:
       if os.path.exists(tmp):
         shutil.rmtree(tmp)
-    return directory
+    return os.fspath(directory)
+
+  def _write_files(self, directory):
+    """Writes the arrays, then the metadata, into `directory`."""
+    arrays = {"embeddings": self.embeddings, "objects": self.objects,
+              "num_objects": self.num_objects}
+    arrays.update({f"probe_{name}": probe for name, probe in self.probes.items()})
+    with files.atomic_path(directory / ARRAYS_FILE) as tmp:
+      np.savez(tmp, **arrays)
+    files.write_atomic(directory / METADATA_FILE, files.dumps(self._metadata(), indent=1))
 
   def _metadata(self):
     return {
@@ -280,13 +288,12 @@ class EmbeddingSet:
   @classmethod
   def load(cls, directory):
     """Reads a directory written by `save`; validates it."""
-    directory = os.fspath(directory)
-    meta_path = os.path.join(directory, METADATA_FILE)
-    arrays_path = os.path.join(directory, ARRAYS_FILE)
+    directory = files.as_path(directory)
+    meta_path = directory / METADATA_FILE
+    arrays_path = directory / ARRAYS_FILE
     for path in (meta_path, arrays_path):
-      if not os.path.exists(path):
-        raise ValueError(f"{directory}: not a bindjax embedding set ({os.path.basename(path)} "
-                         "missing)")
+      if not path.exists():
+        raise ValueError(f"{directory}: not a bindjax embedding set ({path.name} missing)")
     meta = files.read_json(meta_path)
     if not isinstance(meta, dict):
       raise ValueError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")

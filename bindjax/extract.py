@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 
 from bindjax import embeddings
+from bindjax import files
 from bindjax import models
 from bindjax import world
 
@@ -44,22 +45,22 @@ class TrainedModel:
 
 
 def _has_steps(directory):
-  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+  return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
 
 def _read_run(workdir):
   """(config, replicas, buckets) of the run in `workdir`; ValueError naming what is wrong."""
   from bindjax import grid  # pylint: disable=g-import-not-at-top
   from bindjax import results  # pylint: disable=g-import-not-at-top
-  if not os.path.isdir(workdir):
+  if not workdir.is_dir():
     raise ValueError(f"workdir {workdir} does not exist")
-  config_path = os.path.join(workdir, results.CONFIG_FILE)
-  if not os.path.exists(config_path):
+  config_path = workdir / results.CONFIG_FILE
+  if not config_path.exists():
     raise ValueError(f"workdir {workdir}: no {results.CONFIG_FILE}; expected a `bindjax train` or "
                      "`bindjax sweep` workdir (or pass a PyTorch checkpoint file with "
                      "--checkpoint)")
   try:
-    with open(config_path) as f:
+    with config_path.open() as f:
       config = ml_collections.ConfigDict(json.load(f))
     replicas, buckets = grid.expand_grid(config)
   except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
@@ -94,7 +95,7 @@ class TrainedBucket:
 def read_buckets(workdir):
   """(config, replicas, buckets) of a `bindjax train` or `bindjax sweep` workdir (ValueError
   naming what is wrong)."""
-  return _read_run(os.path.abspath(os.fspath(workdir)))
+  return _read_run(files.as_path(workdir))
 
 
 def load_bucket(workdir, bucket, which="best", run=None):
@@ -111,7 +112,7 @@ def load_bucket(workdir, bucket, which="best", run=None):
   from bindjax import results  # pylint: disable=g-import-not-at-top
   if which not in CHECKPOINTS:
     raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
-  workdir = os.path.abspath(os.fspath(workdir))
+  workdir = files.as_path(workdir)
   config, _, buckets = run or _read_run(workdir)
   bucket = buckets[bucket]
   directory = results.bucket_checkpoint_dir(workdir, bucket.index)
@@ -149,7 +150,7 @@ def load_bucket(workdir, bucket, which="best", run=None):
   return TrainedBucket(params=params, model=bucket.spec.model, space=bucket.spec.space,
                        splits=list(bucket.splits), steps=steps,
                        checkpoints=["best" if b else "latest" for b in use_best],
-                       replicas=list(bucket.replicas), workdir=workdir)
+                       replicas=list(bucket.replicas), workdir=str(workdir))
 
 
 def load_workdir(workdir, which="best", replica=None):
@@ -162,7 +163,7 @@ def load_workdir(workdir, which="best", replica=None):
   from bindjax import results  # pylint: disable=g-import-not-at-top
   if which not in CHECKPOINTS:
     raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
-  workdir = os.path.abspath(os.fspath(workdir))
+  workdir = files.as_path(workdir)
   run = _read_run(workdir)
   _, replicas, buckets = run
   if replica is None:

@@ -1,8 +1,13 @@
-"""Result files: atomic writes (temp name in the same directory, then os.replace), JSONL reads
-that tolerate only a torn last line, and the record of a directory's bindjax outputs.
+"""Result files: atomic writes, JSONL reads that tolerate only a torn last line, and the record
+of a directory's bindjax outputs.
 
 Every module that writes a result goes through here, so a killed process never leaves a
-half-written file under the final name.
+half-written file under the final name. Paths are `etils.epath` paths: a local path, or any URI
+epath serves (gs://, s3://, ...). Locally a file is written under a temporary name in the same
+directory, fsynced and renamed onto its name. Object stores have no rename (epath emulates it
+by copy and delete), so there the file is written to a local temporary file and uploaded in one
+write: a store such as GCS or S3 publishes an object whole when its upload completes, so a
+killed writer leaves the previous object or none, never a part of one.
 """
 import contextlib
 import json
@@ -10,28 +15,49 @@ import math
 import os
 import secrets
 import shutil
+import tempfile
 import warnings
 import zipfile
 
+from etils import epath
 import numpy as np
+
+
+def is_local(path):
+  """Whether `path` is on the local file system (not a URI such as gs://), the one with atomic
+  renames, appends, fsync and locks."""
+  return "://" not in os.fspath(path)
+
+
+def as_path(path):
+  """`path` as an `epath.Path`: a local one made absolute, a URI as it is."""
+  path = epath.Path(path)
+  return epath.Path(os.path.abspath(path)) if is_local(path) else path
 
 
 @contextlib.contextmanager
 def atomic_path(path):
-  """Yields a temporary path next to `path`; renamed onto `path` on success, removed on failure.
+  """Yields a local temporary file name; on success it becomes `path`, on failure it is removed.
 
-  The temporary name keeps `path`'s extension, so writers that pick a format from it (np.savez,
-  Figure.savefig) behave as they would with `path`. Parent directories are created.
+  Locally the temporary file lies next to `path` and is renamed onto it; for a non-local `path`
+  it lies in the local temporary directory and is uploaded to `path` in one write (see the
+  module's docstring for what each guarantees). The temporary name keeps `path`'s extension, so
+  writers that pick a format from it (np.savez, Figure.savefig) behave as they would with
+  `path`. Parent directories are created.
   """
-  path = os.fspath(path)
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  name = os.path.basename(path)
-  tmp = os.path.join(directory, f".{name}.tmp{os.getpid()}-{secrets.token_hex(4)}"
-                     f"{os.path.splitext(name)[1]}")
+  path = as_path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  local = is_local(path)
+  directory = os.fspath(path.parent) if local else tempfile.gettempdir()
+  tmp = os.path.join(directory, f".{path.name}.tmp{os.getpid()}-{secrets.token_hex(4)}"
+                     f"{os.path.splitext(path.name)[1]}")
   try:
     yield tmp
-    os.replace(tmp, path)
+    if local:
+      os.replace(tmp, path)
+    else:
+      with open(tmp, "rb") as src, path.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
@@ -108,11 +134,10 @@ def read_jsonl(path):
   skipped with a `TornLineWarning`. A line anywhere else that is not a JSON object is damage
   that must not pass unseen: ValueError naming the file and line.
   """
-  path = os.fspath(path)
-  if not os.path.exists(path):
+  path = as_path(path)
+  if not path.exists():
     return []
-  with open(path, "rb") as f:
-    lines = f.read().split(b"\n")
+  lines = path.read_bytes().split(b"\n")
   if lines[-1] == b"":
     lines.pop()   # the newline that ends the last line
   rows = []
@@ -137,7 +162,7 @@ def _preview(raw, limit=40):
 def read_json(path):
   """The JSON document at `path`; ValueError naming the file when it is unreadable."""
   try:
-    with open(path) as f:
+    with as_path(path).open() as f:
       return json.load(f)
   except (OSError, ValueError) as e:
     raise ValueError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
@@ -147,10 +172,11 @@ def read_arrays(path):
   """The array of a .npy file or {name: array} of a .npz file, never unpickling; ValueError
   naming the file when it is unreadable or holds objects instead of numbers."""
   try:
-    if os.fspath(path).endswith(".npz"):
-      with np.load(path, allow_pickle=False) as arrays:
-        return {name: arrays[name] for name in arrays.files}
-    return np.load(path, allow_pickle=False)
+    with as_path(path).open("rb") as f:
+      if os.fspath(path).endswith(".npz"):
+        with np.load(f, allow_pickle=False) as arrays:
+          return {name: arrays[name] for name in arrays.files}
+      return np.load(f, allow_pickle=False)
   except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
     raise ValueError(f"{path}: unreadable as numpy arrays ({type(e).__name__}: {e}); expected "
                      "arrays of numbers (object arrays are refused: they would be unpickled)"
@@ -163,8 +189,8 @@ OUTPUTS_FILE = "bindjax_outputs.json"
 
 def recorded_outputs(directory):
   """The names bindjax recorded as its outputs in `directory` (None when it recorded none)."""
-  path = os.path.join(directory, OUTPUTS_FILE)
-  if not os.path.exists(path):
+  path = as_path(directory) / OUTPUTS_FILE
+  if not path.exists():
     return None
   try:
     names = read_json(path)["outputs"]
@@ -179,10 +205,11 @@ def record_outputs(directory, names):
   Record before writing: a name recorded but never written costs nothing, a file written but
   not recorded would survive --overwrite.
   """
+  path = as_path(directory) / OUTPUTS_FILE
   recorded = recorded_outputs(directory) or []
   added = [n for n in names if n not in recorded]
-  if added or not os.path.exists(os.path.join(directory, OUTPUTS_FILE)):
-    write_json(os.path.join(directory, OUTPUTS_FILE), {"outputs": recorded + added})
+  if added or not path.exists():
+    write_json(path, {"outputs": recorded + added})
 
 
 def remove_recorded_outputs(directory, names=()):
@@ -190,20 +217,27 @@ def remove_recorded_outputs(directory, names=()):
   the record; a recorded folder goes whole. Returns the paths removed; nothing else is touched,
   so a user's file beside bindjax's outputs survives.
   """
+  directory = as_path(directory)
   recorded = recorded_outputs(directory)
-  removed = []
-  for name in (recorded if recorded is not None else names):
-    path = os.path.join(directory, name)
-    if os.path.isdir(path) and not os.path.islink(path):
-      shutil.rmtree(path)
-    elif os.path.lexists(path):
-      os.remove(path)
-    else:
-      continue
-    removed.append(path)
+  removed = [os.fspath(directory / name) for name in
+             (recorded if recorded is not None else names) if _remove(directory / name)]
   if recorded is not None:
-    os.remove(os.path.join(directory, OUTPUTS_FILE))
+    (directory / OUTPUTS_FILE).unlink()
   return removed
+
+
+def _remove(path):
+  """Removes the file or the whole folder at `path` (a link, not what it points to); whether
+  there was one."""
+  if is_local(path) and os.path.islink(path):
+    os.remove(path)
+  elif path.is_dir():
+    path.rmtree()
+  elif path.exists():
+    path.unlink()
+  else:
+    return False
+  return True
 
 
 def save_figure(fig, path, **savefig_kwargs):

@@ -473,18 +473,18 @@ def _rows_of_sweeps(workdirs, step):
   keys = [{_series_key(r) for r in rows} for rows in per_sweep]
   if sum(map(len, keys)) == len(set().union(*keys)):
     return [row for rows in per_sweep for row in rows]
-  names = [os.path.basename(os.path.abspath(w)) for w in workdirs]
+  names = [w.name for w in workdirs]
   if len(set(names)) < len(names):
-    names = list(workdirs)
+    names = [str(w) for w in workdirs]
   return [dict(row, **{SWEEP: name}) for name, rows in zip(names, per_sweep) for row in rows]
 
 
 def _selected_rows(workdir, step):
   """One evaluation row per replica of the sweep in workdir (results.select_evaluations)."""
-  path = os.path.join(workdir, results.RESULTS_FILE)
+  path = workdir / results.RESULTS_FILE
   rows = results.read_rows(workdir)
   if not rows:
-    raise ValueError(f"workdir={workdir!r}: no result rows in {path}; run `bindjax sweep` first")
+    raise ValueError(f"workdir='{workdir}': no result rows in {path}; run `bindjax sweep` first")
   selected = results.select_evaluations(rows, step)
   if not selected:
     raise ValueError(f"{path}: no evaluation rows (kind='eval') yet")
@@ -502,9 +502,10 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   The summary's "finished" is False when a sweep has no done file (still running, or killed):
   the report then covers the rows written so far, and its title says so.
   """
-  workdirs = [workdir] if isinstance(workdir, str) else list(workdir)
+  workdirs = [workdir] if isinstance(workdir, (str, os.PathLike)) else list(workdir)
+  workdirs = [files.as_path(w) for w in workdirs]
   if len(workdirs) > 1 and out_dir is None:
-    raise ValueError(f"workdir={workdirs!r}: a report of several sweeps needs an output "
+    raise ValueError(f"workdir={[str(w) for w in workdirs]!r}: a report of several sweeps needs an output "
                      "directory")
   if metric not in RHO_METRICS:
     raise ValueError(f"metric={metric!r}: expected one of {sorted(RHO_METRICS)}")
@@ -513,7 +514,7 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
 
   selected = _rows_of_sweeps(workdirs, step)
   # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
-  finished = all(os.path.exists(os.path.join(w, results.DONE_FILE)) for w in workdirs)
+  finished = all((w / results.DONE_FILE).exists() for w in workdirs)
   series = aggregate(selected, (rho_metric,) + tuple(
       m for m in REPORT_METRICS if m != rho_metric))
   table = critical_coverages(series)
@@ -525,26 +526,26 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
                             [r["rho_star"] for r in fitted],
                             [r[results.NUM_CONCEPTS] for r in fitted])
     laws = scaling_law_intervals(fitted, laws, num_draws)
-  out_dir = out_dir or os.path.join(workdirs[0], results.REPORT_DIR)
-  os.makedirs(out_dir, exist_ok=True)
+  out_dir = files.as_path(out_dir or workdirs[0] / results.REPORT_DIR)
+  out_dir.mkdir(parents=True, exist_ok=True)
   files.record_outputs(out_dir, [f"{name}.{f}" for name in ("phase_transition", "scaling_law")
                                  for f in formats] + [
       "critical_coverage.json", "critical_coverage.md", "points.json"])
   sizes = ", ".join(f"{n:,}" for n in sorted({s["space_size"] for s in series}))
-  names = " + ".join(os.path.basename(os.path.abspath(w)) for w in workdirs)
+  names = " + ".join(w.name for w in workdirs)
   title = f"{names}: |O| = {sizes}; {step} step" + ("" if finished else " (unfinished)")
-  figures = phase_transition.plot(series, table, os.path.join(out_dir, "phase_transition"),
+  figures = phase_transition.plot(series, table, out_dir / "phase_transition",
                                   step=step, formats=formats, rho_metric=rho_metric, title=title)
   if len(fitted) >= 2:
     figures += phase_transition.plot_scaling_law(
-        fitted, laws, os.path.join(out_dir, "scaling_law"), title=title, formats=formats)
-  summary = {"workdirs": [os.path.abspath(w) for w in workdirs], "step": step, "threshold": THRESHOLD,
+        fitted, laws, out_dir / "scaling_law", title=title, formats=formats)
+  summary = {"workdirs": [str(w) for w in workdirs], "step": step, "threshold": THRESHOLD,
              "metric": rho_metric, "critical_coverage": table, "scaling_law": laws,
              "finished": finished, "num_replicas": len(selected),
              "num_diverged": sum(bool(r[results.DIVERGED]) for r in selected),
              "figures": figures}
-  files.write_json(os.path.join(out_dir, "critical_coverage.json"), summary)
-  files.write_atomic(os.path.join(out_dir, "critical_coverage.md"),
+  files.write_json(out_dir / "critical_coverage.json", summary)
+  files.write_atomic(out_dir / "critical_coverage.md",
                      markdown_table(table, laws, step, metric, series))
-  files.write_json(os.path.join(out_dir, "points.json"), series)
+  files.write_json(out_dir / "points.json", series)
   return summary

@@ -29,7 +29,6 @@ import hashlib
 import io
 import json
 import math
-import os
 
 from bindjax import errors
 from bindjax import files
@@ -128,7 +127,7 @@ USES_TRAINING_OBJECTS = metric(HELDOUT, "uses_training_objects")
 
 def bucket_checkpoint_dir(workdir, bucket):
   """Checkpoint directory of bucket number `bucket`."""
-  return os.path.join(workdir, CHECKPOINT_DIR, f"bucket_{bucket:03d}")
+  return files.as_path(workdir) / CHECKPOINT_DIR / f"bucket_{bucket:03d}"
 
 
 def _finite_or_none(value):
@@ -154,7 +153,7 @@ def read_rows(workdir):
   A torn last line is skipped with a warning (files.read_jsonl); any other line that is not a
   result row is a ValueError naming the file and line.
   """
-  path = os.path.join(workdir, RESULTS_FILE)
+  path = files.as_path(workdir) / RESULTS_FILE
   try:
     rows = files.read_jsonl(path)
   except ValueError as e:
@@ -210,8 +209,8 @@ def unpack_rows(packed, coordinates):
 
 def read_replicas(workdir):
   """The coordinates of every replica (workdir/replicas.json); ValueError when missing."""
-  path = os.path.join(workdir, REPLICAS_FILE)
-  if not os.path.exists(path):
+  path = files.as_path(workdir) / REPLICAS_FILE
+  if not path.exists():
     raise ValueError(f"{path} does not exist; expected a `bindjax sweep` or `bindjax train` "
                      "workdir")
   return files.read_json(path)
@@ -298,7 +297,7 @@ def write_summary(workdir, rows, replicas):
   writer.writeheader()
   for row in table:
     writer.writerow({k: "" if v is None else v for k, v in row.items()})
-  files.write_atomic(os.path.join(workdir, SUMMARY_FILE), buffer.getvalue())
+  files.write_atomic(files.as_path(workdir) / SUMMARY_FILE, buffer.getvalue())
 
 
 def config_json(config):
@@ -323,8 +322,8 @@ def check_saved_config(workdir, config):
   The message lists the differing fields (saved -> given), so a resumed run is never silently
   continued with other settings.
   """
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  path = files.as_path(workdir) / CONFIG_FILE
+  if not path.exists():
     return
   saved = files.read_json(path)
   if saved == config:
@@ -333,5 +332,5 @@ def check_saved_config(workdir, config):
   diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
   details = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:8])
   more = f" and {len(diff) - 8} more" if len(diff) > 8 else ""
-  raise errors.ConfigError(f"workdir={workdir!r} holds a run with a different config "
+  raise errors.ConfigError(f"workdir='{workdir}' holds a run with a different config "
                            f"({details}{more}); use a new --workdir or pass --overwrite")

@@ -5,6 +5,10 @@ Each checkpoint of a bucket holds the bucket's rows up to its step, so a resumed
 them from its checkpoints and rewrites the file to hold exactly those before it appends; rows
 lost or damaged before a checkpoint come back, and the run says so. Row contents and the workdir
 layout are `bindjax.results`'.
+
+On a workdir that is not local (gs://, ...) the file cannot be appended to (objects are written
+whole), so there it is rewritten whole (`files.write_atomic`) at every checkpoint and at the end
+instead: it shows the rows up to the last checkpoint, not each logged step as it comes.
 """
 import collections
 import os
@@ -23,8 +27,9 @@ class ResultsWriter:
   """
 
   def __init__(self, workdir, replicas, log):
-    self.path = os.path.join(workdir, results.RESULTS_FILE)
+    self.path = files.as_path(workdir) / results.RESULTS_FILE
     self.writer = parallel.is_writer()
+    self.published = False
     self.log = log
     self.coordinates = {r.index: r.coordinates() for r in replicas}
     self.by_bucket = {}  # bucket index -> its rows, in order
@@ -49,7 +54,7 @@ class ResultsWriter:
       rows = results.unpack_rows(metadata["rows"], self.coordinates)
     else:
       if self._file_rows is None:
-        self._file_rows = results.read_rows(os.path.dirname(self.path))
+        self._file_rows = results.read_rows(self.path.parent)
       rows = [r for r in self._file_rows
               if r[results.BUCKET] == bucket.index and r[results.STEP] <= step]
       missing = _missing_rows(rows, bucket, [s for s in range(1, step + 1) if is_logged(s)])
@@ -68,20 +73,20 @@ class ResultsWriter:
     return results.pack_rows(self.by_bucket[bucket.index], self.coordinates)
 
   def publish(self):
-    """Makes results.jsonl hold exactly the rows so far and opens it for appending (once)."""
-    if self.file is None and self.writer:
+    """Makes results.jsonl hold exactly the rows so far and, on a local workdir, opens it for
+    appending (once)."""
+    if not self.published and self.writer:
       self._match_file("rebuilt them from the checkpoints")
-      self.file = open(self.path, "a")
+      if files.is_local(self.path):
+        self.file = self.path.open("a")
+    self.published = True
 
   def _match_file(self, repair):
     """Rewrites results.jsonl when it differs from the rows so far; says so when rows the file
     should have held were missing or damaged (rows past a checkpoint are dropped silently: they
     are recomputed)."""
     text = results.rows_text(self.rows())
-    old = b""
-    if os.path.exists(self.path):
-      with open(self.path, "rb") as f:
-        old = f.read()
+    old = self.path.read_bytes() if self.path.exists() else b""
     if old == text.encode():
       return
     present = set(old.split(b"\n"))
@@ -106,7 +111,7 @@ class ResultsWriter:
       if diverged_step >= 0:
         self.diverged[replica.index] = diverged_step
     self.by_bucket[bucket.index].extend(rows)
-    if self.writer and rows:
+    if self.file is not None and rows:
       try:
         files.append_jsonl(self.file, rows)
       except OSError as e:
@@ -117,10 +122,13 @@ class ResultsWriter:
     return all(replica.index in self.diverged for replica in bucket.replicas)
 
   def sync(self):
-    """Makes the rows written so far durable (flushed and fsynced)."""
+    """Makes the rows so far durable: flushed and fsynced, or on a non-local workdir written
+    whole."""
     if self.file is not None:
       self.file.flush()
       os.fsync(self.file.fileno())
+    elif self.writer and self.published:
+      files.write_atomic(self.path, results.rows_text(self.rows()))
 
   def finish(self):
     """Closes the file, first making sure it holds every row (rewritten when it does not)."""

@@ -22,7 +22,6 @@ stops there.
 """
 import dataclasses
 import functools
-import os
 import sys
 import time
 
@@ -54,6 +53,9 @@ def _mesh_devices(buckets, num_data, devices):
 def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, devices=None):
   """Runs (or resumes) the sweep of `config` in `workdir`; returns the done-file summary.
 
+  `workdir` is any `etils.epath` path: local, or gs:// and the other stores epath serves
+  (docs/training.md says what each file system guarantees).
+
   The run holds the workdir's lock throughout (`bindjax.workdir_lock`). A finished workdir is
   reported and left alone unless overwrite=True, which first deletes what the previous run
   recorded as its outputs (and only that). Errors: errors.ConfigError for a setting or a
@@ -67,7 +69,7 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
     parallel.chunk_setting(config.sweep.chunk_size, "config.sweep.chunk_size")
     num_data = int(config.sweep.num_data)
     mesh = parallel.make_mesh(num_data, devices=_mesh_devices(buckets, num_data, devices))
-  workdir = os.path.abspath(os.fspath(workdir))
+  workdir = files.as_path(workdir)
   workdir_checks.check_path(workdir)
   with workdir_checks.ownership(workdir, log):
     return _run_owned(config, workdir, replicas, buckets, mesh, overwrite=overwrite,
@@ -79,13 +81,13 @@ def _run_owned(config, workdir, replicas, buckets, mesh, *, overwrite, progress,
 
   writer = parallel.is_writer()
   config_json = results.config_json(config)
-  done_path = os.path.join(workdir, results.DONE_FILE)
+  done_path = workdir / results.DONE_FILE
   workdir_checks.check_contents(workdir, config_json, overwrite)
   if overwrite and writer:
     workdir_checks.remove_outputs(workdir)
   # Every process has checked the workdir before process 0 writes into it.
   parallel.sync("bindjax_sweep_checked")
-  if os.path.exists(done_path):
+  if done_path.exists():
     done = workdir_checks.finished(workdir, files.read_json(done_path), buckets, log)
     parallel.sync("bindjax_sweep_finished")
     log(f"the run in {workdir} is finished ({done['num_replicas']} replicas, "
@@ -97,8 +99,8 @@ def _run_owned(config, workdir, replicas, buckets, mesh, *, overwrite, progress,
     # A resumed run already has them (the config was checked): nothing is rewritten.
     for name, value, sort_keys in ((results.CONFIG_FILE, config_json, True),
                                    (results.REPLICAS_FILE, coordinates, False)):
-      if not os.path.exists(os.path.join(workdir, name)):
-        files.write_json(os.path.join(workdir, name), value, sort_keys=sort_keys)
+      if not (workdir / name).exists():
+        files.write_json(workdir / name, value, sort_keys=sort_keys)
 
   settings = config.sweep
   keep = int(config.checkpoint.keep)
@@ -154,7 +156,7 @@ def _run_owned(config, workdir, replicas, buckets, mesh, *, overwrite, progress,
   all_rows = rows.rows()
   done = {"num_replicas": len(replicas), "num_buckets": len(buckets),
           "num_diverged": len(rows.diverged), "compile_seconds": round(loop.compile_seconds, 2),
-          "replica_steps": total, "results": rows.path, "num_rows": len(all_rows),
+          "replica_steps": total, "results": str(rows.path), "num_rows": len(all_rows),
           "results_sha256": results.rows_digest(all_rows)}
   if writer:
     results.write_summary(workdir, all_rows, coordinates)

@@ -1,4 +1,4 @@
-"""Whether and how a sweep may use its workdir: the path, the lock held for the run's life
+"""Whether and how a sweep may use its workdir (an `etils.epath` path): the path, the lock held for the run's life
 (`bindjax.workdir_lock`), what the directory already holds, what --overwrite removes, and the
 check of a finished run's results against its done record.
 
@@ -8,7 +8,6 @@ deletes only what a previous run recorded as its outputs.
 """
 import contextlib
 import hashlib
-import os
 
 from bindjax import checkpoint
 from bindjax import errors
@@ -19,14 +18,16 @@ from bindjax import workdir_lock
 
 
 def check_path(workdir):
-  """errors.ConfigError when `workdir` is a file or lies under one."""
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise errors.ConfigError(f"workdir={workdir!r} is a file; expected a directory")
+  """errors.ConfigError when `workdir` (an epath.Path) is a file or lies under one."""
+  if workdir.exists() and not workdir.is_dir():
+    raise errors.ConfigError(f"workdir='{workdir}' is a file; expected a directory")
+  if not files.is_local(workdir):
+    return   # an object store's names do not nest under its files
   parent = workdir
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
-  if not os.path.isdir(parent):
-    raise errors.ConfigError(f"workdir={workdir!r} lies under {parent}, which is a file; "
+  while not parent.exists():
+    parent = parent.parent
+  if not parent.is_dir():
+    raise errors.ConfigError(f"workdir='{workdir}' lies under {parent}, which is a file; "
                              "expected a directory path")
 
 
@@ -52,27 +53,26 @@ def ownership(workdir, log):
 
 
 def _holds_run(workdir):
-  return (os.path.exists(os.path.join(workdir, results.CONFIG_FILE))
-          or files.recorded_outputs(workdir) is not None)
+  return (workdir / results.CONFIG_FILE).exists() or files.recorded_outputs(workdir) is not None
 
 
 def check_contents(workdir, config_json, overwrite):
   """Usage errors (errors.ConfigError) for a workdir this run may not use: one holding files
   that are not a bindjax run (with --overwrite: files named like its outputs), or without
   --overwrite a run of a different config."""
-  entries = [name for name in (os.listdir(workdir) if os.path.isdir(workdir) else [])
-             if name != workdir_lock.LOCK_FILE]
+  entries = [p.name for p in (workdir.iterdir() if workdir.is_dir() else [])
+             if p.name != workdir_lock.LOCK_FILE]
   if not entries or _holds_run(workdir):
     if not overwrite:
       results.check_saved_config(workdir, config_json)
     return
   if not overwrite:
-    raise errors.ConfigError(f"workdir={workdir!r} is not empty and holds no bindjax run; "
+    raise errors.ConfigError(f"workdir='{workdir}' is not empty and holds no bindjax run; "
                              "expected a new or empty directory or a run to resume, or pass "
                              "--overwrite")
   clashes = sorted(set(entries) & set(results.OUTPUTS + (results.REPORT_DIR, files.OUTPUTS_FILE)))
   if clashes:
-    raise errors.ConfigError(f"workdir={workdir!r} holds {', '.join(clashes)}, which bindjax did "
+    raise errors.ConfigError(f"workdir='{workdir}' holds {', '.join(clashes)}, which bindjax did "
                              "not record as its outputs; move them away (--overwrite removes "
                              "only what bindjax wrote)")
 
@@ -80,26 +80,23 @@ def check_contents(workdir, config_json, overwrite):
 def remove_outputs(workdir):
   """What a previous run recorded as its outputs (a run older than the record: the names it
   writes), and the report's recorded files; a user's files stay."""
-  legacy = results.OUTPUTS if os.path.exists(os.path.join(workdir, results.CONFIG_FILE)) else ()
+  legacy = results.OUTPUTS if (workdir / results.CONFIG_FILE).exists() else ()
   files.remove_recorded_outputs(workdir, legacy)
-  report_dir = os.path.join(workdir, results.REPORT_DIR)
-  if os.path.isdir(report_dir):
+  report_dir = workdir / results.REPORT_DIR
+  if report_dir.is_dir():
     files.remove_recorded_outputs(report_dir)
-    if not os.listdir(report_dir):
-      os.rmdir(report_dir)
+    if not any(report_dir.iterdir()):
+      report_dir.rmdir()
 
 
 def finished(workdir, done, buckets, log):
   """A finished workdir's done record, after checking results.jsonl against it; a damaged file
   is rebuilt from the buckets' final checkpoints (ValueError when they cannot rebuild it)."""
-  path = os.path.join(workdir, results.RESULTS_FILE)
+  path = workdir / results.RESULTS_FILE
   expected = done.get("results_sha256")
   if expected is None or not parallel.is_writer():
     return done
-  content = b""
-  if os.path.exists(path):
-    with open(path, "rb") as f:
-      content = f.read()
+  content = path.read_bytes() if path.exists() else b""
   if hashlib.sha256(content).hexdigest() == expected:
     return done
   coordinates = {}
@@ -108,7 +105,7 @@ def finished(workdir, done, buckets, log):
     coordinates.update((r.index, r.coordinates()) for r in bucket.replicas)
     directory = results.bucket_checkpoint_dir(workdir, bucket.index)
     latest = None
-    if os.path.isdir(directory):
+    if directory.is_dir():
       with checkpoint.Checkpoints(directory) as ckpt:
         latest = ckpt.verified_metadata(log)
     if latest is None or "rows" not in latest[1]:

@@ -11,6 +11,13 @@ report`, `bindjax extract`, the analyses) never take the lock: they read a live 
 Where the file system offers no flock, the lock falls back to the holder's record: a holder on
 this host that no longer runs is stale; one on another host cannot be checked, and the run is
 refused with the path of the lock file to remove once that run is known to be gone.
+
+A workdir that is not local (gs://, any non-local `etils.epath` path) offers neither flock nor
+an atomic create, so there the lock is the record alone, judged the same way: a run refuses a
+workdir whose record names a live run (or one on another host), writes its own record and reads
+it back, refusing if another run's record replaced it. Two runs that start at the same moment
+can still both pass; a run that dies leaves its record, which a later run on the same host
+recognises as stale and one on another host asks the user to remove.
 """
 import datetime
 import errno
@@ -19,6 +26,8 @@ import json
 import os
 import socket
 import sys
+
+from bindjax import files
 
 LOCK_FILE = "bindjax.lock"
 
@@ -46,13 +55,29 @@ def describe(holder):
           f"{holder.get('started')}" + (f" ({command})" if command else ""))
 
 
-def _read_holder(fd):
+def _parse_holder(data):
+  """The holder a lock file's bytes name (None when they name none)."""
   try:
-    data = os.pread(fd, 1 << 16, 0)
     holder = json.loads(data.decode()) if data.strip() else None
-  except (OSError, ValueError):
+  except ValueError:
     return None
   return holder if isinstance(holder, dict) else None
+
+
+def _read_holder(fd):
+  try:
+    return _parse_holder(os.pread(fd, 1 << 16, 0))
+  except OSError:
+    return None
+
+
+def _record():
+  """The lock file's bytes naming this process as the holder."""
+  return json.dumps({
+      "host": socket.gethostname(), "pid": os.getpid(),
+      "process_start": _process_start(os.getpid()),
+      "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+      "command": " ".join(sys.argv)}).encode()
 
 
 def _holder_alive(holder):
@@ -78,17 +103,24 @@ class WorkdirLock:
   `stale` is the record of the dead run whose lock was taken over (None when there was none).
   """
 
-  def __init__(self, path, fd, stale, created_directory):
+  def __init__(self, path, fd, stale, created_directory, record=None):
     self.path = path
     self.stale = stale
     self._fd = fd
+    self._record = record
     self._created_directory = created_directory
+    self._held = True
 
   def release(self):
     """Removes the lock file, then unlocks (a waiting run re-checks which file it locked). A
     workdir this lock created and nothing else filled is removed too, so a refused run leaves
-    nothing behind."""
+    nothing behind. Without a flock (a non-local workdir) the file is removed only while it
+    still holds this run's record."""
+    if not self._held:
+      return
+    self._held = False
     if self._fd is None:
+      _remove_own_record(files.as_path(self.path), self._record)
       return
     try:
       if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
@@ -114,6 +146,8 @@ def acquire(workdir):
   Raises WorkdirLockedError naming the holder when a live run holds it, and OSError naming the
   workdir when it cannot be written.
   """
+  if not files.is_local(workdir):
+    return _acquire_record(files.as_path(workdir))
   workdir = os.path.abspath(os.fspath(workdir))
   path = os.path.join(workdir, LOCK_FILE)
   created = not os.path.isdir(workdir)
@@ -136,11 +170,7 @@ def acquire(workdir):
       if same_file:
         break
       os.close(fd)   # its previous holder removed the file while we waited for it; again
-    record = {"host": socket.gethostname(), "pid": os.getpid(),
-              "process_start": _process_start(os.getpid()),
-              "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "command": " ".join(sys.argv)}
-    data = json.dumps(record).encode()
+    data = _record()
     os.ftruncate(fd, 0)
     os.pwrite(fd, data, 0)
     os.fsync(fd)
@@ -161,7 +191,13 @@ def _lock(fd, holder, path):
   except OSError as e:
     if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
       raise
-  # No flock on this file system: judge by the record alone.
+  return _free_by_record(holder, path)
+
+
+def _free_by_record(holder, path):
+  """Whether a lock judged by its holder's record alone may be taken: no holder, or one on this
+  host that no longer runs. WorkdirLockedError for a holder on another host (it cannot be
+  checked from here)."""
   if holder is None or not _holder_alive(holder):
     return True
   if holder.get("host") != socket.gethostname():
@@ -169,3 +205,33 @@ def _lock(fd, holder, path):
                              "check (the file system has no locks); remove the file once that "
                              "run has ended")
   return False
+
+
+def _acquire_record(workdir):
+  """`acquire` on a non-local workdir: by the holder's record alone (the module's docstring
+  says what that guarantees)."""
+  path = workdir / LOCK_FILE
+  try:
+    holder = _parse_holder(path.read_bytes()) if path.exists() else None
+    if not _free_by_record(holder, path):
+      raise WorkdirLockedError(f"workdir {workdir} is in use by another run: {describe(holder)};"
+                               " wait for it to end or use another --workdir")
+    data = _record()
+    path.write_bytes(data)
+    if path.read_bytes() != data:
+      raise WorkdirLockedError(f"workdir {workdir} was taken by another run starting at the "
+                               f"same time: {describe(_parse_holder(path.read_bytes()))}")
+  except WorkdirLockedError:
+    raise
+  except OSError as e:
+    raise OSError(e.errno, f"cannot write to workdir {workdir}: {e.strerror or e}") from None
+  return WorkdirLock(os.fspath(path), None, holder, False, data)
+
+
+def _remove_own_record(path, record):
+  """Removes the lock file at `path` if it still holds `record`."""
+  try:
+    if path.read_bytes() == record:
+      path.unlink()
+  except FileNotFoundError:
+    pass

@@ -542,3 +542,52 @@ def test_sweep_results_feed_the_report(reference, tmp_path, metric):
     healthy = len(p["seeds"]) - p["diverged"]
     assert len([v for v in p["heldout/binding"]["values"] if v is not None]) == healthy
     assert healthy == 0 or p["train/binding"]["mean"] is not None
+
+
+def test_a_workdir_in_memory_round_trips_through_epath(reference, memory_fs, tmp_path, monkeypatch):
+  """The tiny sweep with its workdir on a non-local (in-memory) file system: the same rows bit
+  for bit, then a rerun, a rebuild of a damaged results.jsonl, a resume and a report, all read
+  back through epath.
+
+  Checkpoints are the exception: orbax writes gs:// arrays through tensorstore's own GCS driver
+  and asks Google Cloud Storage about the bucket, neither of which sees an fsspec file system, so
+  they go to a local folder here (results.bucket_checkpoint_dir redirected).
+  """
+  from etils import epath
+  from bindjax import report
+  local = tmp_path / "checkpoints"
+  monkeypatch.setattr(results, "bucket_checkpoint_dir",
+                      lambda workdir, bucket: local / f"bucket_{bucket:03d}")
+  workdir = epath.Path(memory_fs) / "sweep"
+  _, done, rows = reference
+  messages = []
+
+  def run():
+    messages.clear()
+    return sweep.run_sweep(tiny_config(), workdir, progress=False, log=messages.append)
+
+  assert run()["results_sha256"] == done["results_sha256"]
+  assert files.read_jsonl(workdir / results.RESULTS_FILE) == rows
+  assert sorted(p.name for p in workdir.iterdir()) == sorted(
+      [files.OUTPUTS_FILE, results.CONFIG_FILE, results.REPLICAS_FILE, results.RESULTS_FILE,
+       results.SUMMARY_FILE, results.DONE_FILE])   # no lock left behind, checkpoints local
+  assert run() == files.read_json(workdir / results.DONE_FILE)
+  assert "nothing to do" in messages[-1]
+
+  (workdir / results.RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows[:-3]))
+  run()
+  assert any("rebuilt it from the checkpoints" in m for m in messages)
+  assert files.read_jsonl(workdir / results.RESULTS_FILE) == rows
+
+  (workdir / results.DONE_FILE).unlink()   # as if killed after its last checkpoint
+  (workdir / results.RESULTS_FILE).unlink()
+  assert run()["results_sha256"] == done["results_sha256"]
+  assert any("resuming at" in m for m in messages)
+  assert files.read_jsonl(workdir / results.RESULTS_FILE) == rows
+
+  summary = report.make_report(str(workdir), num_draws=20, formats=("png",))
+  out = workdir / results.REPORT_DIR
+  assert summary["workdirs"] == [str(workdir)] and summary["finished"]
+  assert files.read_json(out / "critical_coverage.json")["critical_coverage"] == files.to_jsonable(
+      summary["critical_coverage"])
+  assert (out / "phase_transition.png").read_bytes().startswith(b"\x89PNG")

@@ -155,6 +155,31 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path):
   assert os.listdir(workdir) == []   # the lock file goes with the lock
 
 
+def test_the_lock_of_a_workdir_in_memory_is_its_record(memory_fs):
+  """No flock off the local disk: a live holder's record refuses, a dead one's is taken over,
+  one from another host is refused with the file to remove, and release removes only its own."""
+  from etils import epath
+  workdir = epath.Path(memory_fs) / "run"
+  path = workdir / workdir_lock.LOCK_FILE
+  with workdir_lock.acquire(str(workdir)) as lock:
+    assert lock.stale is None and json.loads(path.read_text())["pid"] == os.getpid()
+    with pytest.raises(workdir_lock.WorkdirLockedError, match=f"in use by another run: pid "
+                                                              f"{os.getpid()}"):
+      workdir_lock.acquire(str(workdir))
+  assert not path.exists()
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  record = {"host": socket.gethostname(), "pid": int(dead.stdout), "started": "earlier"}
+  path.write_text(json.dumps(record))
+  with workdir_lock.acquire(str(workdir)) as lock:
+    assert lock.stale == record
+    path.write_text(json.dumps(dict(record, host="elsewhere")))   # taken by hand meanwhile
+  assert json.loads(path.read_text())["host"] == "elsewhere"   # not this run's: left alone
+  with pytest.raises(workdir_lock.WorkdirLockedError, match=f"{path}: held by .* on host "
+                                                            "elsewhere.*remove the file"):
+    workdir_lock.acquire(str(workdir))
+
+
 def test_readers_read_a_live_workdir_without_the_lock(reference, tmp_path, capsys, monkeypatch):
   from bindjax import extract
   workdir = _copy(reference, tmp_path, finished=False)

@@ -23,6 +23,7 @@ embedding set to DIR/embeddings/).
 import os
 
 from absl import flags
+from etils import epath
 
 from bindjax import compilation_cache
 from bindjax import parallel
@@ -44,7 +45,7 @@ def main(argv):
   flags_lib.define_overwrite(fv)
   flags_lib.parse(fv, argv, required=("workdir", "config"), description=__doc__)
   prog, workdir = argv[0], fv["workdir"].value
-  out = fv["out"].value or os.path.join(workdir, "binding")
+  out = fv["out"].value or os.fspath(epath.Path(workdir) / "binding")
   flags_lib.check_output_dir(prog, "out", out, fv["overwrite"].value)
   from bindjax.complexity import replicas  # pylint: disable=g-import-not-at-top
   with flags_lib.usage_errors(prog):

@@ -10,6 +10,7 @@ RUN/embeddings_<objects>_replica<N>). An original PyTorch checkpoint works too:
 import os
 
 from absl import flags
+from etils import epath
 
 from bindjax.commands import flags as flags_lib
 
@@ -47,8 +48,8 @@ def main(argv):
     if workdir is None:
       raise flags_lib.UsageError(f"{prog}: --out is required with --checkpoint")
     replica = fv["replica"].value
-    out = os.path.join(workdir, f"embeddings_{fv['objects'].value}"
-                       + ("" if replica is None else f"_replica{replica}"))
+    out = os.fspath(epath.Path(workdir) / (f"embeddings_{fv['objects'].value}"
+                                              + ("" if replica is None else f"_replica{replica}")))
   flags_lib.check_output_dir(prog, "out", out, fv["overwrite"].value)
   values = fv["values_per_concept"].value
   with flags_lib.usage_errors(prog):

@@ -23,6 +23,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bindjax import errors
+from bindjax import files
 
 USAGE_ERROR = 2
 INPUT_ERROR = 1
@@ -176,13 +177,15 @@ def _unknown_field_message(argv, error):
 
 
 def check_output_dir(prog, flag, directory, overwrite):
-  """UsageError unless `directory` is absent, empty, or non-empty with overwrite=True.
+  """UsageError unless `directory` (any `etils.epath` path) is absent, empty, or non-empty with
+  overwrite=True.
 
   `flag` names the flag that gave the directory, for the message.
   """
-  if os.path.exists(directory) and not os.path.isdir(directory):
+  path = files.as_path(directory)
+  if path.exists() and not path.is_dir():
     raise UsageError(f"{prog}: --{flag}={directory} is a file; expected a directory")
-  if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
+  if path.is_dir() and any(path.iterdir()) and not overwrite:
     raise UsageError(f"{prog}: --{flag}={directory} is not empty; expected a new or empty "
                      "directory, or pass --overwrite")
 

@@ -12,6 +12,7 @@ sweeps together (one per object-space size, say); --out is then required.
 import os
 
 from absl import flags
+from etils import epath
 
 from bindjax import report
 from bindjax import results
@@ -36,7 +37,7 @@ def main(argv):
   if len(workdirs) > 1 and not fv["out"].value:
     raise bj_flags.UsageError(f"{prog}: --workdir lists {len(workdirs)} sweeps: --out is "
                               "required")
-  out = fv["out"].value or os.path.join(workdirs[0], results.REPORT_DIR)
+  out = fv["out"].value or os.fspath(epath.Path(workdirs[0]) / results.REPORT_DIR)
   if fv["draws"].value < 1:
     raise bj_flags.UsageError(f"{prog}: --draws={fv['draws'].value}: expected >= 1")
   bj_flags.check_output_dir(prog, "out", out, fv["overwrite"].value)

@@ -8,11 +8,11 @@ refused. Multi-host: on TPU pods and SLURM jobs jax.distributed starts by itself
 --coordinator_address, --num_processes and --process_id (the same command on every host).
 """
 import logging
-import os
 
 from absl import flags
 
 from bindjax import compilation_cache
+from bindjax import files
 from bindjax import parallel
 from bindjax import results
 from bindjax.commands import flags as bj_flags
@@ -47,7 +47,7 @@ def run(argv, *, single, description):
   from bindjax import sweep  # pylint: disable=g-import-not-at-top
   loop = sweep.run_single if single else sweep.run_sweep
   workdir, overwrite = fv["workdir"].value, fv["overwrite"].value
-  finished = os.path.exists(os.path.join(workdir, results.DONE_FILE)) and not overwrite
+  finished = (files.as_path(workdir) / results.DONE_FILE).exists() and not overwrite
   # orbax logs every failed write many times over; the failure itself ends the run as one line.
   logging.getLogger("absl").setLevel(logging.CRITICAL)
   with bj_flags.run_errors(prog):

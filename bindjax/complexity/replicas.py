@@ -20,7 +20,6 @@ binding_fits.png/.pdf and, with `save_embeddings`, each fitted replica's embeddi
 embeddings/replica_NNNN (as `bindjax extract --objects=all` writes it).
 """
 import dataclasses
-import os
 import time
 
 import jax
@@ -344,7 +343,7 @@ def run(settings, workdir, out, step=results.DEFAULT_STEP, mesh=None, log=print,
   names = settings.model_names()
   if step not in results.STEPS:
     raise errors.ConfigError(f"step={step!r}: expected one of {results.STEPS}")
-  workdir = os.path.abspath(os.fspath(workdir))
+  workdir = files.as_path(workdir)
   run_info = extract.read_buckets(workdir)
   _, replicas, buckets = run_info
   evaluations = replica_evaluations(workdir, step)
@@ -389,23 +388,23 @@ def run(settings, workdir, out, step=results.DEFAULT_STEP, mesh=None, log=print,
 
 def _write(out, settings, workdir, step, rows, table, timings, infos, saved):
   from bindjax.plots import binding_fits  # pylint: disable=g-import-not-at-top
-  os.makedirs(out, exist_ok=True)
+  out = files.as_path(out)
+  out.mkdir(parents=True, exist_ok=True)
   for es in saved:
-    es.save(os.path.join(out, EMBEDDINGS_DIR, f"replica_{es.provenance['replica']:04d}"),
-            overwrite=True)
-  figures = binding_fits.plot(rows, table, os.path.join(out, FIGURE_STEM), step,
+    es.save(out / EMBEDDINGS_DIR / f"replica_{es.provenance['replica']:04d}", overwrite=True)
+  figures = binding_fits.plot(rows, table, out / FIGURE_STEM, step,
                               ACCURACY_COLUMN, QUALITY_COLUMN)
   counts = {s: len({r[results.REPLICA] for r in rows if r["status"] == s}) for s in STATUSES}
   fit_s = sum(t["fit_s"] for t in timings)
   summary = {
-      "workdir": workdir, "step": step, "config": to_config(settings).to_dict(),
+      "workdir": str(workdir), "step": step, "config": to_config(settings).to_dict(),
       "fit_config": dataclasses.asdict(settings.fit), "replicas": counts,
       "timings": timings, "fit_s": fit_s,
       "fit_s_per_replica": fit_s / counts["fitted"] if counts["fitted"] else None,
       "buckets": [{k: v for k, v in i.items() if k != "params"} for i in infos],
       "correlations": table, "figures": figures, "rows": rows}
-  files.write_atomic(os.path.join(out, CSV_FILE),
+  files.write_atomic(out / CSV_FILE,
                      complexity_results.rows_to_csv(rows, CSV_COLUMNS))
-  files.write_atomic(os.path.join(out, CORRELATIONS_FILE), correlations_markdown(table, step))
-  files.write_json(os.path.join(out, RESULTS_FILE), summary, indent=1)
+  files.write_atomic(out / CORRELATIONS_FILE, correlations_markdown(table, step))
+  files.write_json(out / RESULTS_FILE, summary, indent=1)
   return summary
