@@ -38,3 +38,17 @@ def test_cpu_fallback_measures_throughput_runs_the_quick_sweep_and_its_binding_f
   assert projection["projected_s"] == pytest.approx(
       projection["compile_s"] + 500 * projection["seconds_per_replica"])
   assert projection["seconds_per_replica"] > 0
+
+
+@pytest.mark.slow
+def test_cpu_fallback_of_the_learning_time_stage_tabulates_its_rows(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(DEVICE_SWEEP_CPU="1", OUT=str(tmp_path), PYTHON=sys.executable,
+             BINDJAX_COMPILATION_CACHE="0", LT_SEEDS="2")
+  done = subprocess.run(["bash", SCRIPT, "learning_time"], env=env, capture_output=True,
+                        text=True, timeout=900)
+  assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+  table = json.load(open(tmp_path / "learning_time.json"))["table"]
+  assert [(r["space_size"], r["model"], r["seeds"], r["final_step"]) for r in table] == [
+      (9, "cpu", 2, 20)]
+  assert not (tmp_path / "throughput.json").exists()   # a named stage runs alone

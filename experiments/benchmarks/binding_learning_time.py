@@ -143,6 +143,8 @@ def plot(table, target, path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   models = sorted({r["model"] for r in table})
+  if not models:   # a run cut before its first evaluation: the table says so, nothing to draw
+    return
   fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False,
                            sharey=True)
   for ax, model in zip(axes[0], models):

@@ -16,6 +16,10 @@
 #
 #   bash experiments/benchmarks/device_sweep.sh            # GPU machine: every stage
 #   bash experiments/benchmarks/device_sweep.sh throughput # or quick, or binding: one stage
+#   bash experiments/benchmarks/device_sweep.sh learning_time   # only when named: the plain
+#       towers' learning time at coverage 1 (|O| = 64 and 100, d_ff 256 and 2,048, 4 seeds,
+#       30,000 steps; LT_SIZES, LT_MODELS, LT_SEEDS, LT_STEPS, LT_SECONDS override), for a
+#       second call when the device has time left after the first
 #   DEVICE_SWEEP_CPU=1 bash experiments/benchmarks/device_sweep.sh   # CPU fallback: tiny model
 # The quick stage sizes its steps from $OUT/throughput.json when there is one, else it keeps the
 # preset's step count.
@@ -49,27 +53,29 @@ fi
 if [ "${DEVICE_SWEEP_CPU:-0}" = 1 ] || [ "$(backend)" != gpu ]; then
   echo "no GPU: CPU fallback on a tiny model"
   MODEL=small; REPLICAS=1,2; STEPS=2; REPEATS=1; PRESET=smoke; MIN_STEPS=10; FITS=smoke
+  LT_DEFAULT_SIZES=3; LT_DEFAULT_STEPS=20; LT_DEFAULT_EVERY=10; LT_DEFAULT_MODELS=cpu
   QUICK_SECONDS=${QUICK_SECONDS_CPU:-1}
   EXTRA=(--config.grid.spaces='(2,4),' --config.grid.coverages=0.5 --config.grid.seeds=0
          --config.eval.batches=1)
   export JAX_PLATFORMS=cpu
 else
   MODEL=paper; REPLICAS=1,8,64; STEPS=10; REPEATS=3; PRESET=gpu_quick; MIN_STEPS=100; EXTRA=()
-  FITS=paper
+  FITS=paper; LT_DEFAULT_SIZES=8,10; LT_DEFAULT_STEPS=30000; LT_DEFAULT_EVERY=500
+  LT_DEFAULT_MODELS=cpu,cpu_ff2048
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
 "$PYTHON" -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
 
-if [ "$STAGE" != quick ]; then
+wants() { [ "$STAGE" = all ] || [ "$STAGE" = "$1" ]; }
+
+if wants throughput; then
 timeout "${THROUGHPUT_SECONDS:-300}" "$PYTHON" experiments/benchmarks/sweep_throughput.py --mode=device --model=$MODEL \
   --replicas=$REPLICAS --steps=$STEPS --repeats=$REPEATS --peak_tflops="$PEAK_BF16" \
   --dtype=bfloat16 --out="$OUT/throughput"
 fi
-[ "$STAGE" = throughput ] && exit 0
 
-if [ "$STAGE" != binding ]; then
-
+if wants quick; then
 # Steps for the quick sweep: QUICK_SECONDS of training at the measured rate of the bucket size
 # closest to the sweep's, rounded down to a multiple of MIN_STEPS (at least MIN_STEPS).
 STEPS_QUICK=$("$PYTHON" - "$OUT/throughput.json" "$PRESET" "$QUICK_SECONDS" "$MIN_STEPS" \
@@ -99,11 +105,24 @@ timeout $(( QUICK_SECONDS * 3 + 120 )) "$PYTHON" -m bindjax.cli sweep \
   --config.num_steps="$STEPS_QUICK" --config.eval.every="$EVERY" \
   --config.checkpoint.every="$STEPS_QUICK" --config.log_every="$EVERY" "${EXTRA[@]}"
 fi
-[ "$STAGE" = quick ] && exit 0
 
+if wants binding; then
 # The sweep-wide binding fits of the quick sweep's replicas, and what 500 replicas would cost.
 timeout "${BINDING_SECONDS:-240}" "$PYTHON" -m bindjax.cli binding --workdir="$OUT/quick" \
   --config=experiments/binding.py:$FITS --out="$OUT/quick_binding" --overwrite --noprogress ||
   { echo "binding fits did not finish"; exit 1; }
 "$PYTHON" experiments/benchmarks/binding_fits.py --project="$OUT/quick_binding/results.json" \
   --out="$OUT/binding_projection"
+fi
+
+if [ "$STAGE" = learning_time ]; then
+# Plain towers' learning time at coverage 1, the sizes and widths 2 CPU cores cannot finish;
+# a run cut by the timeout is tabulated from the rows it wrote.
+LT=(--sizes="${LT_SIZES:-$LT_DEFAULT_SIZES}" --models="${LT_MODELS:-$LT_DEFAULT_MODELS}"
+    --seeds="${LT_SEEDS:-4}" --eval_every="${LT_EVERY:-$LT_DEFAULT_EVERY}")
+timeout "${LT_SECONDS:-420}" "$PYTHON" experiments/benchmarks/binding_learning_time.py "${LT[@]}" \
+  --steps="${LT_STEPS:-$LT_DEFAULT_STEPS}" --workdir="$OUT/learning_time" --out="$OUT/learning_time" ||
+  "$PYTHON" experiments/benchmarks/binding_learning_time.py "${LT[@]}" \
+    --tabulate="$OUT/learning_time/results.jsonl" --note="cut at ${LT_SECONDS:-420} s" \
+    --out="$OUT/learning_time"
+fi
