@@ -32,6 +32,7 @@ import optax
 
 from bindjax import models
 from bindjax import objectives
+from bindjax import parallel
 from bindjax import results
 from bindjax import scenes
 from bindjax import world
@@ -47,13 +48,12 @@ def default_config():
   c.seed = 0
   # Seed of the coverage split's RandomState permutation (docs/world.md); -1 means "use `seed`".
   c.split_seed = -1
-  c.model = ml_collections.ConfigDict(dict(
-      d_model=256, num_heads=4, num_layers=6, d_ff=2048, d_out=64, variant="pre_ln",
-      similarity="cosine", tau_init=1.15, train_logit_cap=10.0, eval_logit_cap=100.0,
-      compute_dtype="float32", product_readout="none"))
-  c.sampler = ml_collections.ConfigDict(dict(
-      batch_size=512, max_concept_queries=64, max_positive_queries=64, swaps_per_scene=1,
-      built_negatives_per_positive=0, swap_concepts="any", train_queries="all"))
+  # The model's and the sampler's defaults are those of their dataclasses. scan_layers, a
+  # parameter layout that computes the same function, is no setting of a run.
+  c.model = ml_collections.ConfigDict(
+      _field_defaults(models.ModelConfig, leave_out=("scan_layers",)))
+  c.sampler = ml_collections.ConfigDict(
+      dict(batch_size=512, **_field_defaults(scenes.SamplerConfig)))
   c.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=3e-5, weight_decay=0.1, b1=0.9, b2=0.999, eps=1e-8, warmup_fraction=0.1))
   c.num_steps = 50_000
@@ -64,9 +64,16 @@ def default_config():
   # How the loop runs (bindjax.sweep): chunk_size "auto", "none" (all replicas at once) or n at
   # a time; num_data devices per replica; fast_compile cheaper XLA compiles of slower code (tiny
   # models); cpu_devices -1 one single-threaded device per CPU core, 0 JAX's default CPU device.
-  c.sweep = ml_collections.ConfigDict(dict(chunk_size="auto", num_data=1, memory_fraction=0.7,
-                                           fast_compile=False, cpu_devices=0))
+  c.sweep = ml_collections.ConfigDict(dict(
+      chunk_size=parallel.AUTO, num_data=1, memory_fraction=parallel.DEFAULT_MEMORY_FRACTION,
+      fast_compile=False, cpu_devices=0))
   return c
+
+
+def _field_defaults(cls, leave_out=()):
+  """{name: default} of the fields of dataclass `cls` that have a default."""
+  return {f.name: f.default for f in dataclasses.fields(cls)
+          if f.default is not dataclasses.MISSING and f.name not in leave_out}
 
 
 # --------------------------------------------------------------------------------------------
