@@ -272,7 +272,7 @@ def _compiled_bucket(config):
   _, (bucket,) = grid.expand_grid(config)
   mesh = parallel.make_mesh()
   inputs_np, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), 8)
-   inputs = parallel.shard_replicas(inputs_np, mesh)
+  inputs = parallel.shard_replicas(inputs_np, mesh)
   # As run_sweep compiles it, so the reference's programs are reused.
   init_fn, run_fn, _, _ = bucket_programs.compile_bucket(
       bucket.spec, mesh, inputs, log=lambda *_: None, fast_compile=True, keep_best=True)
@@ -445,7 +445,7 @@ def test_data_axis_splits_each_replicas_batch_and_matches():
   for num_data in (1, 2):
     mesh = parallel.make_mesh(num_data)
     inputs_np, _ = parallel.pad_to_multiple(bucket.stacked_inputs(),
-                                           parallel.num_replica_shards(mesh))
+                                            parallel.num_replica_shards(mesh))
     inputs = parallel.shard_replicas(inputs_np, mesh)
     # fast_compile as the smoke preset runs it, so num_data=1 reuses the reference's program.
     init_fn, run_fn, eval_fn, _ = bucket_programs.compile_bucket(
