@@ -255,9 +255,9 @@ def inputs_from_config(config, spec):
   split = world.coverage_split(spec.space, _field(config, "coverage"),
                                seed if split_seed < 0 else split_seed)
   inputs = make_inputs(split, seed=seed,
-                      learning_rate=_field(config, "optimizer.learning_rate"),
-                      weight_decay=_field(config, "optimizer.weight_decay"),
-                      num_steps=spec.num_steps, warmup_steps=spec.warmup_steps)
+                       learning_rate=_field(config, "optimizer.learning_rate"),
+                       weight_decay=_field(config, "optimizer.weight_decay"),
+                       num_steps=spec.num_steps, warmup_steps=spec.warmup_steps)
   return inputs, split
 
 
