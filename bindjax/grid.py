@@ -55,7 +55,7 @@ class Replica:
         self.num_train)))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # arrays have no single truth value
 class BucketMember:
   """One replica of a bucket: its grid point, its per-replica arrays and its coverage split."""
   replica: Replica
