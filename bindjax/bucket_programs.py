@@ -27,17 +27,17 @@ from bindjax import xla_options
 def _replica_step(spec, scene_sharding=None):
   """One replica's masked train step: a non-finite update leaves the state as it was."""
 
-  def step(state, hyper, alive, diverged_step):
-    new_state, metrics = train.train_step(state, hyper, spec, scene_sharding)
+  def step(state, inputs, alive, diverged_step):
+    new_state, metrics = train.train_step(state, inputs, spec, scene_sharding)
     # The norm, not a test of each parameter: parameters whose sum of squares overflows count as
     # diverged (at learning rate 1e38 the first update leaves them finite, near 1e38, and the
     # run is reported diverged at step 1), and results keep that definition.
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(optax.tree.norm(new_state.params))
+    finite = jnp.isfinite(metrics[results.LOSS]) & jnp.isfinite(optax.tree.norm(new_state.params))
     ok = alive & finite
     new_state = jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new_state, state)
     diverged_step = jnp.where(alive & ~finite, state.step + 1, diverged_step)
     metrics = {name: metrics[name] for name in results.TRAIN_METRICS}
-    metrics["diverged_step"] = diverged_step
+    metrics[results.DIVERGED_STEP] = diverged_step
     return new_state, ok, diverged_step, metrics
 
   return step
@@ -46,7 +46,7 @@ def _replica_step(spec, scene_sharding=None):
 def _bucket_functions(spec, mesh, chunk_size, keep_best):
   """(init, run, eval) of a whole bucket: vmapped (chunked) over replicas, jitted on the mesh.
 
-  run(sweep_state, hyper, num_steps) takes `num_steps` train steps in one dispatch and returns
+  run(sweep_state, inputs, num_steps) takes `num_steps` train steps in one dispatch and returns
   the metrics of the last one.
   """
   shards = parallel.num_replica_shards(mesh)
@@ -56,28 +56,28 @@ def _bucket_functions(spec, mesh, chunk_size, keep_best):
   vstep = parallel.chunked_vmap(_replica_step(spec, scene_sharding), chunk_size,
                                 num_shards=shards, spmd_axis_name=parallel.REPLICA_AXIS)
 
-  def bucket_init(hyper):
-    return init_bucket_state(hyper, spec, keep_best)
+  def bucket_init(inputs):
+    return init_bucket_state(inputs, spec, keep_best)
 
-  def bucket_step(sweep_state, hyper):
+  def bucket_step(sweep_state, inputs):
     state, alive, diverged_step, metrics = vstep(
-        sweep_state["train"], hyper, sweep_state["alive"], sweep_state["diverged_step"])
+        sweep_state["train"], inputs, sweep_state["alive"], sweep_state["diverged_step"])
     return dict(sweep_state, train=state, alive=alive, diverged_step=diverged_step), metrics
 
-  def bucket_run(sweep_state, hyper, num_steps):
+  def bucket_run(sweep_state, inputs, num_steps):
     # A traced trip count (a while loop): one program for every number of steps, where a scan
     # of fixed length would need a second program for the remainders; the step compiles once.
     metrics = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                           jax.eval_shape(bucket_step, sweep_state, hyper)[1])
-    return jax.lax.fori_loop(0, num_steps, lambda _, carry: bucket_step(carry[0], hyper),
+                           jax.eval_shape(bucket_step, sweep_state, inputs)[1])
+    return jax.lax.fori_loop(0, num_steps, lambda _, carry: bucket_step(carry[0], inputs),
                              (sweep_state, metrics))
 
-  def bucket_eval(sweep_state, hyper, step):
+  def bucket_eval(sweep_state, inputs, step):
     def one(p, h):
       return train.eval_step(p, train.eval_key(h.key, step), h, spec, scene_sharding)
     metrics = parallel.chunked_vmap(one, chunk_size, num_shards=shards,
                                     spmd_axis_name=parallel.REPLICA_AXIS)(
-                                        sweep_state["train"].params, hyper)
+                                        sweep_state["train"].params, inputs)
     if keep_best:
       sweep_state = dict(sweep_state, best=_update_best(
           sweep_state, metrics[results.SELECTION_METRIC], step))
@@ -88,11 +88,11 @@ def _bucket_functions(spec, mesh, chunk_size, keep_best):
           jax.jit(bucket_eval, out_shardings=sharding, donate_argnums=0))
 
 
-def init_bucket_state(hyper, spec, keep_best):
-  """A bucket's state for stacked `hyper`: the replicas' TrainStates, which are still alive, when
+def init_bucket_state(inputs, spec, keep_best):
+  """A bucket's state for stacked `inputs`: the replicas' TrainStates, which are still alive, when
   each diverged (-1: not), and with keep_best each one's best parameters, value and step."""
-  state = jax.vmap(lambda h: train.init(h.key, spec, h))(hyper)
-  size = hyper.num_train.shape[0]
+  state = jax.vmap(lambda h: train.init(h.key, spec, h))(inputs)
+  size = inputs.num_train.shape[0]
   sweep_state = {"train": state, "alive": jnp.ones((size,), bool),
                  "diverged_step": jnp.full((size,), -1, jnp.int32)}
   if keep_best:
@@ -129,13 +129,13 @@ def estimate_step_bytes(spec):
   return int(4 * 2 * max(floats, eval_floats))
 
 
-def compile_bucket(spec, mesh, hyper, chunk_setting=parallel.AUTO,
+def compile_bucket(spec, mesh, inputs, chunk_setting=parallel.AUTO,
                    memory_fraction=parallel.DEFAULT_MEMORY_FRACTION, log=print,
                    fast_compile=False, keep_best=False):
-  """Compiled (init, run, eval, chunk_size) for a bucket's sharded stacked `hyper`.
+  """Compiled (init, run, eval, chunk_size) for a bucket's sharded stacked `inputs`.
 
-  run(state, hyper, global_scalar(n, mesh)) takes n train steps in one dispatch (one program
-  for every n) and returns the state and the metrics of the last step; eval(state, hyper,
+  run(state, inputs, global_scalar(n, mesh)) takes n train steps in one dispatch (one program
+  for every n) and returns the state and the metrics of the last step; eval(state, inputs,
   global_scalar(step, mesh)) evaluates the state after `step` steps.
 
   chunk_setting (`parallel.chunk_setting`): None = all replicas at once, n = n replicas at a
@@ -149,39 +149,39 @@ def compile_bucket(spec, mesh, hyper, chunk_setting=parallel.AUTO,
   returns the updated state beside the metrics either way.
   """
   # The loop's settings (steps, cadence) are not part of the programs: the schedule's length
-  # rides in `hyper`, so buckets that differ only there share them.
+  # rides in `inputs`, so buckets that differ only there share them.
   spec = spec.program
   options = xla_options.compiler_options(engine.platform(mesh), fast_compile)
   chunk = parallel.chunk_setting(chunk_setting, "config.sweep.chunk_size")
   if chunk == parallel.AUTO:
-    chunk = _auto_chunk(spec, mesh, hyper, memory_fraction, log, options, keep_best)
-  return _compiled(spec, mesh, hyper, chunk, options, keep_best) + (chunk,)
+    chunk = _auto_chunk(spec, mesh, inputs, memory_fraction, log, options, keep_best)
+  return _compiled(spec, mesh, inputs, chunk, options, keep_best) + (chunk,)
 
 
-def _compiled(spec, mesh, hyper, chunk, options, keep_best):
-  size = hyper.num_train.shape[0]
+def _compiled(spec, mesh, inputs, chunk, options, keep_best):
+  size = inputs.num_train.shape[0]
   key = (spec, mesh, size, chunk, tuple(sorted((options or {}).items())), keep_best)
 
   def build():
     init_fn, run_fn, eval_fn = _bucket_functions(spec, mesh, chunk, keep_best)
-    abstract_state = abstract_bucket_state(spec, mesh, hyper, keep_best)
+    abstract_state = abstract_bucket_state(spec, mesh, inputs, keep_best)
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=parallel.replicated_sharding(mesh))
     # Sharding must never change the random numbers a replica sees; set for these programs
     # only, so importing bindjax changes no global JAX setting.
     with jax.threefry_partitionable(True):
-      return (init_fn.lower(hyper).compile(options),
-              run_fn.lower(abstract_state, hyper, scalar).compile(options),
-              eval_fn.lower(abstract_state, hyper, scalar).compile(options))
+      return (init_fn.lower(inputs).compile(options),
+              run_fn.lower(abstract_state, inputs, scalar).compile(options),
+              eval_fn.lower(abstract_state, inputs, scalar).compile(options))
 
   return engine.cached(key, build)
 
 
-def abstract_bucket_state(spec, mesh, hyper, keep_best):
+def abstract_bucket_state(spec, mesh, inputs, keep_best):
   """The bucket state's shapes, dtypes and shardings on `mesh` (nothing is computed)."""
   sharding = parallel.replica_sharding(mesh)
   return jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-      jax.eval_shape(lambda h: init_bucket_state(h, spec, keep_best), hyper))
+      jax.eval_shape(lambda h: init_bucket_state(h, spec, keep_best), inputs))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -208,10 +208,10 @@ def restore_state(restore, target, sharding, **kwargs):
   return step, _relayout(state, models.stack_blocks, sharding), metadata
 
 
-def _auto_chunk(spec, mesh, hyper, memory_fraction, log, options, keep_best):
-  size = hyper.num_train.shape[0]
+def _auto_chunk(spec, mesh, inputs, memory_fraction, log, options, keep_best):
+  size = inputs.num_train.shape[0]
   # The unchunked program is compiled anyway when it fits, so measuring it costs nothing then.
-  _, run, _ = _compiled(spec, mesh, hyper, None, options, keep_best)
+  _, run, _ = _compiled(spec, mesh, inputs, None, options, keep_best)
   memory = parallel.compiled_memory_bytes(run)
   temp, fixed = memory if memory else (0, 0)
   per_device = size // parallel.num_replica_shards(mesh)

@@ -123,10 +123,10 @@ def load_bucket(workdir, bucket, which="best", run=None):
   ckpt = checkpoint.Checkpoints(directory)
   try:
     padded = int(ckpt.metadata().get("padded_replicas", len(bucket.replicas)))
-    hyper, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), padded)
+    inputs, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), padded)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.eval_shape(
-        lambda h: bucket_programs.init_bucket_state(h, bucket.spec, keep_best), hyper)
+        lambda h: bucket_programs.init_bucket_state(h, bucket.spec, keep_best), inputs)
     _, state, _ = bucket_programs.restore_state(ckpt.restore, abstract, device)
   except checkpoint.CorruptCheckpointError as e:
     raise ValueError(f"workdir {workdir}: {e}") from None
@@ -148,7 +148,7 @@ def load_bucket(workdir, bucket, which="best", run=None):
         lambda b, l: np.where(use_best.reshape((-1,) + (1,) * (l.ndim - 1)), np.asarray(b)[:size],
                               l), state["best"]["params"], latest)
   return TrainedBucket(params=params, model=bucket.spec.model, space=bucket.spec.space,
-                       splits=list(bucket.splits), steps=steps,
+                       splits=[m.split for m in bucket.members], steps=steps,
                        checkpoints=["best" if b else "latest" for b in use_best],
                        replicas=list(bucket.replicas), workdir=str(workdir))
 

@@ -55,18 +55,29 @@ class Replica:
         self.num_train)))
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # arrays have no single truth value
+class BucketMember:
+  """One replica of a bucket: its grid point, its per-replica arrays and its coverage split."""
+  replica: Replica
+  inputs: train.ReplicaInputs
+  split: world.CoverageSplit
+
+
 @dataclasses.dataclass
 class Bucket:
-  """Replicas sharing one RunSpec (one compiled program)."""
+  """Replicas sharing one RunSpec (one compiled program), in replica order."""
   index: int
   spec: train.RunSpec
-  replicas: list
-  hypers: list
-  splits: list     # world.CoverageSplit per replica
+  members: list    # BucketMember per replica
 
-  def stacked_hyper(self):
-    """Hyper with a leading replica axis (numpy)."""
-    return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *self.hypers)
+  @property
+  def replicas(self):
+    """The members' grid points."""
+    return [m.replica for m in self.members]
+
+  def stacked_inputs(self):
+    """The members' ReplicaInputs with a leading replica axis (numpy)."""
+    return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *(m.inputs for m in self.members))
 
 
 def _as_list(value, name):
@@ -136,9 +147,9 @@ def expand_grid(config):
                          f"expected one of {sorted(replica_config.model.keys())}")
       replica_config.model[key] = value
     spec = train.RunSpec.from_config(replica_config)
-    hyper, split = train.hyper_from_config(replica_config, spec)
+    inputs, split = train.inputs_from_config(replica_config, spec)
     if spec not in by_spec:
-      by_spec[spec] = Bucket(len(buckets), spec, [], [], [])
+      by_spec[spec] = Bucket(len(buckets), spec, [])
       buckets.append(by_spec[spec])
     bucket = by_spec[spec]
     replica = Replica(index=len(replicas), bucket=bucket.index, num_concepts=c,
@@ -146,9 +157,7 @@ def expand_grid(config):
                       coverage=float(coverage), seed=int(seed), learning_rate=float(lr),
                       weight_decay=float(wd), model=model_name, num_train=int(split.num_train))
     replicas.append(replica)
-    bucket.replicas.append(replica)
-    bucket.hypers.append(hyper)
-    bucket.splits.append(split)
+    bucket.members.append(BucketMember(replica, inputs, split))
   return replicas, buckets
 
 

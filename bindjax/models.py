@@ -64,7 +64,8 @@ def _check_float(name, value, positive):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Static model settings (hashable: a jit static argument). Validated on construction.
+  """Static model settings (hashable: a jit static argument). Validated on construction. The
+  defaults are the published model's (`train.default_config` takes them from here).
 
   `d_ff` is the pre-LN feed-forward width; the "clip" variant uses 4·d_model (see `mlp_width`).
   `compute_dtype="bfloat16"` runs matmuls in bfloat16 (params, norms, softmax and outputs stay

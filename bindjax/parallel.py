@@ -381,6 +381,9 @@ def detect_cluster(environ=None):
 
   SLURM counts only with more than one task; a TPU VM only when it lists several worker hosts.
   "env" means the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID variables.
+  This only decides whether to join: JAX's own detection, which `maybe_initialize_distributed`
+  leaves the coordinator and process ids to, also takes a one-task SLURM job or a single-host
+  TPU VM for a cluster, and has no public test for one.
   """
   env = os.environ if environ is None else environ
   if all(v in env for v in _SLURM_VARS) and int(env.get("SLURM_NTASKS", "1")) > 1:

@@ -108,8 +108,10 @@ def metric_value(row, name):
   return row.get(name.replace(ROW_K, str(row.get(MAX_OBJECTS))))
 
 
+# The training loss; also, within a split, the evaluation loss ("heldout/loss").
+LOSS = "loss"
 # Training metrics copied into every row (besides the evaluation metrics at eval steps).
-TRAIN_METRICS = ("loss", "concept_loss", "object_loss", "batch_concept_accuracy",
+TRAIN_METRICS = (LOSS, "concept_loss", "object_loss", "batch_concept_accuracy",
                  "batch_object_accuracy", "learning_rate", "grad_norm", "tau")
 # Row names of training metrics whose own name is a grid coordinate.
 RENAMED = {"learning_rate": "scheduled_learning_rate"}
@@ -120,7 +122,7 @@ STEPS = ("best", "final")
 # objects.
 DEFAULT_STEP = "final"
 SUMMARY_METRICS = (SELECTION_METRIC, object_accuracy(HELDOUT, 1), concept_accuracy(HELDOUT),
-                   object_accuracy(TRAIN), concept_accuracy(TRAIN), "loss", "tau")
+                   object_accuracy(TRAIN), concept_accuracy(TRAIN), LOSS, "tau")
 # 1 when the held-out metrics of an evaluation came from training objects (coverage 1).
 USES_TRAINING_OBJECTS = metric(HELDOUT, "uses_training_objects")
 

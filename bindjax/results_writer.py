@@ -103,7 +103,7 @@ class ResultsWriter:
     for i, replica in enumerate(bucket.replicas):
       if replica.index in self.diverged:
         continue
-      diverged_step = int(train_metrics["diverged_step"][i])
+      diverged_step = int(train_metrics[results.DIVERGED_STEP][i])
       rows.append(results.make_row(
           replica.coordinates(), step, {k: v[i] for k, v in train_metrics.items()},
           None if eval_metrics is None else {k: v[i] for k, v in eval_metrics.items()},

@@ -34,7 +34,8 @@ TRAIN_QUERIES = ("all", "train")
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-  """Static sampler settings (hashable: a static jit argument).
+  """Static sampler settings (hashable: a static jit argument). The defaults are the published
+  run's (`train.default_config` takes them from here).
 
   swap_concepts: "any" draws the swapped concept uniformly (docs/sampling.md#object-queries; when both objects share that
   value the "negative" is the source object itself); "differing" draws it among the concepts where

@@ -238,13 +238,13 @@ class _Loop:
     step, metadata = latest
     return bool(metadata.get("complete", step >= bucket.spec.num_steps))
 
-  def _hyper(self, bucket):
-    """The bucket's stacked hyper, padded to the replica shards and sharded; and its padding."""
-    return engine.place(bucket.stacked_hyper(), self.mesh)
+  def _inputs(self, bucket):
+    """The bucket's stacked inputs, padded to the replica shards and sharded; and its padding."""
+    return engine.place(bucket.stacked_inputs(), self.mesh)
 
-  def _restore_state(self, bucket, hyper, restore, **kwargs):
+  def _restore_state(self, bucket, inputs, restore, **kwargs):
     """`bucket_programs.restore_state` of the bucket's state on the mesh."""
-    target = bucket_programs.abstract_bucket_state(bucket.spec, self.mesh, hyper, self.keep_best)
+    target = bucket_programs.abstract_bucket_state(bucket.spec, self.mesh, inputs, self.keep_best)
     return bucket_programs.restore_state(restore, target, parallel.replica_sharding(self.mesh),
                                          **kwargs)
 
@@ -260,8 +260,8 @@ class _Loop:
       self.results.restore(bucket, 0, {}, self.is_logged(bucket))
       manager.prune_after(None)
       return 0, None, False
-    hyper, _ = self._hyper(bucket)
-    start, state, metadata = self._restore_state(bucket, hyper, manager.restore_verified,
+    inputs, _ = self._inputs(bucket)
+    start, state, metadata = self._restore_state(bucket, inputs, manager.restore_verified,
                                                  at_most=latest[0], log=self.log)
     self.results.restore(bucket, start, metadata, self.is_logged(bucket))
     manager.prune_after(start)
@@ -271,10 +271,10 @@ class _Loop:
     """Trains one bucket from step `start` to its last step (or until all its replicas
     diverged). state: the state `restore` returned at `start` (restored again when None)."""
     spec, mesh = bucket.spec, self.mesh
-    hyper, valid = self._hyper(bucket)
+    inputs, valid = self._inputs(bucket)
     t0 = time.perf_counter()
     init_fn, run_fn, eval_fn, chunk = bucket_programs.compile_bucket(
-        spec, mesh, hyper, self.chunk_setting, self.memory_fraction, self.log,
+        spec, mesh, inputs, self.chunk_setting, self.memory_fraction, self.log,
         self.fast_compile, self.keep_best)
     seconds = time.perf_counter() - t0
     self.compile_seconds += seconds
@@ -282,10 +282,10 @@ class _Loop:
              f"|O| = {spec.space.num_objects}, d_model {spec.model.d_model}; compiled in "
              f"{seconds:.1f} s" + (f"; chunk {chunk}" if chunk else ""))
     if not start:
-      state = init_fn(hyper)
+      state = init_fn(inputs)
     else:
       if state is None:
-        _, state, _ = self._restore_state(bucket, hyper, manager.restore, step=start)
+        _, state, _ = self._restore_state(bucket, inputs, manager.restore, step=start)
       self.log(f"bucket {bucket.index}: resumed from the checkpoint at step {start}")
     postfix = {"compile": f"{self.compile_seconds:.0f}s"}
     self.bar.set_postfix(postfix, refresh=False)
@@ -301,7 +301,7 @@ class _Loop:
       for (step, _, _), (train_host, eval_host) in zip(pending, host):
         self.results.add(bucket, step, train_host, eval_host)
         if eval_host is not None:
-          alive = train_host["diverged_step"][:len(bucket.replicas)] < 0
+          alive = train_host[results.DIVERGED_STEP][:len(bucket.replicas)] < 0
           acc = eval_host[results.SELECTION_METRIC][:len(bucket.replicas)][alive]
           if acc.size:
             postfix["heldout_obj"] = f"{acc.mean():.3f}"
@@ -312,12 +312,12 @@ class _Loop:
     num_steps = spec.num_steps
     step = start
     for done in dispatch_ends(spec, self.log_every, self.checkpoint_every, start):
-      state, train_metrics = run_fn(state, hyper, bucket_programs.global_scalar(done - step, mesh))
+      state, train_metrics = run_fn(state, inputs, bucket_programs.global_scalar(done - step, mesh))
       is_eval = done % spec.eval_every == 0 or done == num_steps
       is_checkpoint = is_checkpoint_step(spec, self.checkpoint_every, done)
       eval_metrics = None
       if is_eval:
-        state, eval_metrics = eval_fn(state, hyper, bucket_programs.global_scalar(done, mesh))
+        state, eval_metrics = eval_fn(state, inputs, bucket_programs.global_scalar(done, mesh))
       # Metrics of the previous logged step: its values are ready by now, this dispatch queued.
       # Divergence is only learnt from flushed rows, so it is checked only when rows were written.
       stop = flush()

@@ -4,14 +4,15 @@ The functions are written for ONE replica and are pure, so the sweep vmaps them 
 replica axis:
 
   spec = RunSpec.from_config(config)          # the run's settings; spec.program sets the shapes
-  hyper, split = hyper_from_config(config, spec)   # per-replica arrays (stack them to vmap)
+  inputs, split = inputs_from_config(config, spec)  # per-replica arrays (stack them to vmap)
   program = spec.program                      # hashable: one compile per program
-  state = init(hyper.key, program, hyper)
-  state, metrics = train_step(state, hyper, program)  # samples its batch from fold_in(data, step)
-  metrics = eval_step(state.params, eval_key(hyper.key, step), hyper, program)
+  state = init(inputs.key, program, inputs)
+  state, metrics = train_step(state, inputs, program)  # samples its batch from fold_in(data, step)
+  metrics = eval_step(state.params, eval_key(inputs.key, step), inputs, program)
 
-The schedule's length (num_steps and its warm-up) rides in `Hyper` as data, so runs that differ
-only in their loop settings (steps, evaluation and logging cadence) share one compiled program.
+The schedule's length (num_steps and its warm-up) rides in `ReplicaInputs` as data, so runs that
+differ only in their loop settings (steps, evaluation and logging cadence) share one compiled
+program.
 
 Randomness: a replica's root key (from its seed) splits into three streams by fold_in: 0 model
 init, 1 training data (fold_in(·, step) per step), 2 evaluation (fold_in(·, step) per evaluation).
@@ -31,6 +32,7 @@ import optax
 
 from bindjax import models
 from bindjax import objectives
+from bindjax import parallel
 from bindjax import results
 from bindjax import scenes
 from bindjax import world
@@ -46,13 +48,12 @@ def default_config():
   c.seed = 0
   # Seed of the coverage split's RandomState permutation (docs/world.md); -1 means "use `seed`".
   c.split_seed = -1
-  c.model = ml_collections.ConfigDict(dict(
-      d_model=256, num_heads=4, num_layers=6, d_ff=2048, d_out=64, variant="pre_ln",
-      similarity="cosine", tau_init=1.15, train_logit_cap=10.0, eval_logit_cap=100.0,
-      compute_dtype="float32", product_readout="none"))
-  c.sampler = ml_collections.ConfigDict(dict(
-      batch_size=512, max_concept_queries=64, max_positive_queries=64, swaps_per_scene=1,
-      built_negatives_per_positive=0, swap_concepts="any", train_queries="all"))
+  # The model's and the sampler's defaults are those of their dataclasses. scan_layers, a
+  # parameter layout that computes the same function, is no setting of a run.
+  c.model = ml_collections.ConfigDict(
+      _field_defaults(models.ModelConfig, leave_out=("scan_layers",)))
+  c.sampler = ml_collections.ConfigDict(
+      dict(batch_size=512, **_field_defaults(scenes.SamplerConfig)))
   c.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=3e-5, weight_decay=0.1, b1=0.9, b2=0.999, eps=1e-8, warmup_fraction=0.1))
   c.num_steps = 50_000
@@ -63,9 +64,16 @@ def default_config():
   # How the loop runs (bindjax.sweep): chunk_size "auto", "none" (all replicas at once) or n at
   # a time; num_data devices per replica; fast_compile cheaper XLA compiles of slower code (tiny
   # models); cpu_devices -1 one single-threaded device per CPU core, 0 JAX's default CPU device.
-  c.sweep = ml_collections.ConfigDict(dict(chunk_size="auto", num_data=1, memory_fraction=0.7,
-                                           fast_compile=False, cpu_devices=0))
+  c.sweep = ml_collections.ConfigDict(dict(
+      chunk_size=parallel.AUTO, num_data=1, memory_fraction=parallel.DEFAULT_MEMORY_FRACTION,
+      fast_compile=False, cpu_devices=0))
   return c
+
+
+def _field_defaults(cls, leave_out=()):
+  """{name: default} of the fields of dataclass `cls` that have a default."""
+  return {f.name: f.default for f in dataclasses.fields(cls)
+          if f.default is not dataclasses.MISSING and f.name not in leave_out}
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,7 +115,8 @@ class ProgramSpec:
   """The settings that shape a replica's compiled programs (hashable; a static jit argument).
 
   Replicas that share a ProgramSpec share one compiled train_step/eval_step; what varies between
-  them (coverage, seed, learning rate, weight decay, the schedule's length) lives in `Hyper`.
+  them (coverage, seed, learning rate, weight decay, the schedule's length) lives in
+  `ReplicaInputs`.
   """
   space: world.ObjectSpace
   sampler: scenes.SamplerConfig        # training batches
@@ -214,8 +223,9 @@ def check_hyper(*, learning_rate, weight_decay):
 
 
 @flax.struct.dataclass
-class Hyper:
-  """Per-replica hyperparameters, all arrays (stack along a leading axis to vmap replicas)."""
+class ReplicaInputs:
+  """What one replica's programs take besides their state, all arrays (stack along a leading
+  axis to vmap replicas): its hyperparameters, its training objects and its root key."""
   learning_rate: jax.Array   # float32 [], peak learning rate
   weight_decay: jax.Array    # float32 []
   permutation_O: jax.Array   # int32 [|O|]; training objects are permutation_O[:num_train]
@@ -225,11 +235,11 @@ class Hyper:
   warmup_steps: jax.Array    # int32 []
 
 
-def make_hyper(split, *, seed, learning_rate, weight_decay, num_steps, warmup_steps):
-  """Hyper of one replica from its coverage split, seed, optimiser settings and schedule length
-  (numpy arrays)."""
+def make_inputs(split, *, seed, learning_rate, weight_decay, num_steps, warmup_steps):
+  """ReplicaInputs of one replica from its coverage split, seed, optimiser settings and schedule
+  length (numpy arrays)."""
   check_hyper(learning_rate=learning_rate, weight_decay=weight_decay)
-  return Hyper(
+  return ReplicaInputs(
       learning_rate=np.float32(learning_rate), weight_decay=np.float32(weight_decay),
       permutation_O=np.asarray(split.permutation, np.int32),
       num_train=np.int32(split.num_train),
@@ -237,17 +247,18 @@ def make_hyper(split, *, seed, learning_rate, weight_decay, num_steps, warmup_st
       num_steps=np.int32(num_steps), warmup_steps=np.int32(warmup_steps))
 
 
-def hyper_from_config(config, spec):
-  """(Hyper, CoverageSplit) of the run described by `config` (docs/world.md coverage split)."""
+def inputs_from_config(config, spec):
+  """(ReplicaInputs, CoverageSplit) of the run described by `config` (docs/world.md coverage
+  split)."""
   seed = _int(config, "seed", 0)
   split_seed = _int(config, "split_seed", -1)
   split = world.coverage_split(spec.space, _field(config, "coverage"),
                                seed if split_seed < 0 else split_seed)
-  hyper = make_hyper(split, seed=seed,
-                     learning_rate=_field(config, "optimizer.learning_rate"),
-                     weight_decay=_field(config, "optimizer.weight_decay"),
-                     num_steps=spec.num_steps, warmup_steps=spec.warmup_steps)
-  return hyper, split
+  inputs = make_inputs(split, seed=seed,
+                       learning_rate=_field(config, "optimizer.learning_rate"),
+                       weight_decay=_field(config, "optimizer.weight_decay"),
+                       num_steps=spec.num_steps, warmup_steps=spec.warmup_steps)
+  return inputs, split
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,18 +289,18 @@ def learning_rate_multiplier(step, num_steps, warmup_steps):
   return jnp.where(step < warmup, rising, falling)
 
 
-def make_optimizer(spec, hyper):
+def make_optimizer(spec, inputs):
   """AdamW (decoupled decay on every parameter, τ included) with the schedule of docs/training.md.
 
-  Peak learning rate, weight decay and the schedule's length come from `hyper` and may be traced
+  Peak learning rate, weight decay and the schedule's length come from `inputs` and may be traced
   per-replica arrays: the optimiser state holds none of them, so its structure is the same for
   every replica. spec: the ProgramSpec (or RunSpec) giving Adam's b1, b2 and eps.
   """
   def schedule(count):
-    return hyper.learning_rate * learning_rate_multiplier(count, hyper.num_steps,
-                                                          hyper.warmup_steps)
+    return inputs.learning_rate * learning_rate_multiplier(count, inputs.num_steps,
+                                                           inputs.warmup_steps)
   return optax.adamw(schedule, b1=spec.adam_b1, b2=spec.adam_b2, eps=spec.adam_eps,
-                     weight_decay=hyper.weight_decay)
+                     weight_decay=inputs.weight_decay)
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,11 +324,11 @@ def eval_key(key, step):
   return jax.random.fold_in(_streams(key)[EVAL_STREAM], step)
 
 
-def init(key, spec, hyper):
-  """Fresh TrainState of one replica from its root key (usually hyper.key)."""
+def init(key, spec, inputs):
+  """Fresh TrainState of one replica from its root key (usually inputs.key)."""
   init_key, data_key, _ = _streams(key)
   params = models.init_params(init_key, spec.model)
-  opt_state = make_optimizer(spec, hyper).init(params)
+  opt_state = make_optimizer(spec, inputs).init(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
                     key=data_key)
 
@@ -351,7 +362,7 @@ def forward(params, batch, config, cap):
     out[f"{name}_logits_BxQ"] = logits
     out[f"{name}_correct_B"] = objectives.set_separation_correct(logits, labels, query_mask)
     out[f"{name}_active_B"] = active
-  out["loss"] = out["concept_loss"] + out["object_loss"]
+  out[results.LOSS] = out["concept_loss"] + out["object_loss"]
   out["z_BxD"] = z_BxD
   return out
 
@@ -381,34 +392,34 @@ def binding(params, batch, z_BxD, config, space, cap):
   return scenes_B, scenes_B & objectives.binding_correct(logits_BxN[:, :2], logits_BxN[:, 2:])
 
 
-def train_step(state, hyper, spec, scene_sharding=None):
+def train_step(state, inputs, spec, scene_sharding=None):
   """One AdamW step on a fresh training batch drawn from fold_in(state.key, state.step).
 
   scene_sharding: optional sharding of the per-scene axis B (e.g. split over a "data" mesh
   axis, under vmap with spmd_axis_name for the replica axis); the batch is the same either way.
   Returns (new_state, metrics) with scalar metrics of this batch (before the update).
   """
-  batch = _sample(jax.random.fold_in(state.key, state.step), hyper.permutation_O,
-                  hyper.num_train, spec, spec.sampler, "train", scene_sharding)
+  batch = _sample(jax.random.fold_in(state.key, state.step), inputs.permutation_O,
+                  inputs.num_train, spec, spec.sampler, "train", scene_sharding)
 
   def loss_fn(params):
     out = forward(params, batch, spec.model, spec.model.train_logit_cap)
-    return out["loss"], out
+    return out[results.LOSS], out
 
   (loss, out), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  tx = make_optimizer(spec, hyper)
+  tx = make_optimizer(spec, inputs)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = {
-      "loss": loss,
+      results.LOSS: loss,
       "concept_loss": out["concept_loss"],
       "object_loss": out["object_loss"],
       "batch_concept_accuracy": objectives.masked_mean(out["concept_correct_B"],
                                                        out["concept_active_B"]),
       "batch_object_accuracy": objectives.masked_mean(out["object_correct_B"],
                                                       out["object_active_B"]),
-      "learning_rate": hyper.learning_rate * learning_rate_multiplier(
-          state.step, hyper.num_steps, hyper.warmup_steps),
+      "learning_rate": inputs.learning_rate * learning_rate_multiplier(
+          state.step, inputs.num_steps, inputs.warmup_steps),
       "grad_norm": optax.tree.norm(grads),
       "tau": state.params["tau"],
   }
@@ -455,11 +466,11 @@ def _evaluate(params, key, permutation_O, num_train, spec, split, scene_sharding
   metrics[results.BINDING] = ((per_batch[results.BINDING] * has_scenes_N).sum() /
                                jnp.maximum(has_scenes_N.sum(), 1.0))
   metrics["binding_scenes"] = per_batch["binding_scenes"].sum().astype(jnp.float32)
-  metrics["loss"] = metrics["concept_loss"] + metrics["object_loss"]
+  metrics[results.LOSS] = metrics["concept_loss"] + metrics["object_loss"]
   return metrics
 
 
-def eval_step(params, key, hyper, spec, scene_sharding=None):
+def eval_step(params, key, inputs, spec, scene_sharding=None):
   """Held-out and training-object evaluation of one replica (docs/training.md).
 
   "heldout/…": scenes of held-out objects, queries over all objects. At coverage 1 there is no
@@ -467,14 +478,14 @@ def eval_step(params, key, hyper, spec, scene_sharding=None):
   "heldout/uses_training_objects" is 1. "train/…": scenes of training objects, same schedule and
   batch count. scene_sharding: as in train_step. Returns a flat dict of float32 scalars.
   """
-  has_heldout = hyper.num_train < spec.space.num_objects
+  has_heldout = inputs.num_train < spec.space.num_objects
   # With num_train = 0 the "test" pool is every object, i.e. the training objects at coverage 1.
-  heldout_num_train = jnp.where(has_heldout, hyper.num_train, 0)
+  heldout_num_train = jnp.where(has_heldout, inputs.num_train, 0)
   heldout_key, train_key = jax.random.split(key)
   metrics = {}
   for prefix, k, num_train, split in ((results.HELDOUT, heldout_key, heldout_num_train, "test"),
-                                      (results.TRAIN, train_key, hyper.num_train, "train")):
-    for name, value in _evaluate(params, k, hyper.permutation_O, num_train, spec, split,
+                                      (results.TRAIN, train_key, inputs.num_train, "train")):
+    for name, value in _evaluate(params, k, inputs.permutation_O, num_train, spec, split,
                                  scene_sharding).items():
       metrics[results.metric(prefix, name)] = value
   metrics[results.USES_TRAINING_OBJECTS] = 1.0 - has_heldout.astype(jnp.float32)

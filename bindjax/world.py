@@ -98,10 +98,6 @@ class ObjectSpace:
     return sum(self.values_per_concept)
 
   @property
-  def is_uniform(self):
-    return len(set(self.values_per_concept)) == 1
-
-  @property
   def concept_token_offsets(self):
     """Token of value v of concept c is offsets[c] + v."""
     return tuple(int(o) for o in np.cumsum((0,) + self.values_per_concept[:-1]))

@@ -44,7 +44,8 @@ import ml_collections
 from bindjax import train
 
 COVERAGES_0_1_TO_0_9 = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-# gpu_quick's step count: about 5 minutes of training for its 7 replicas on one H200.
+# gpu_quick's step count, from the measured step rate on one GPU
+# (docs/findings/phase_transition.md).
 GPU_QUICK_STEPS = 15000
 # The CPU scaling-law presets: one object space each, the same model, grid and seeds.
 CPU_SPACES = {"cpu": (2, 10), "cpu_144": (2, 12), "cpu_c3": (3, 5)}
@@ -84,7 +85,7 @@ def get_config(arg="smoke"):
     c.log_every = 100
     c.checkpoint.update(every=1000, keep=2)
   elif arg == "gpu_quick":
-    # The published towers on one GPU in about 5 minutes; steps from the measured step rate.
+    # The published towers on one GPU.
     c.grid.spaces = ((2, 20),)
     c.grid.coverages = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
     c.grid.seeds = (0,)

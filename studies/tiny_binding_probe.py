@@ -104,13 +104,13 @@ GRIDS = {
 
 
 def make_eval(spec, num_batches, batch_size):
-  """eval(params, key, hyper) -> per-category [correct, rows] sums and bag/bind counts."""
+  """eval(params, key, inputs) -> per-category [correct, rows] sums and bag/bind counts."""
   space = spec.space
   sampler = scenes.SamplerConfig(batch_size=batch_size, max_positive_queries=space.num_objects,
                                  max_concept_queries=space.num_concept_tokens)
 
-  def one_batch(params, key, hyper):
-    batch = scenes.sample_batch(key, hyper.permutation_O, hyper.num_train, space=space,
+  def one_batch(params, key, inputs):
+    batch = scenes.sample_batch(key, inputs.permutation_O, inputs.num_train, space=space,
                                 sampler=sampler, split="train")
     out = train.forward(params, batch, spec.model, spec.model.eval_logit_cap)
     kinds = objectives.two_object_binding(
@@ -128,9 +128,9 @@ def make_eval(spec, num_batches, batch_size):
       res[f"ambiguous_{name}_correct"] = (kinds[name] & active_B).sum()
     return res
 
-  def evaluate(params, key, hyper):
+  def evaluate(params, key, inputs):
     keys = jax.random.split(key, num_batches)
-    per = jax.lax.map(lambda k: one_batch(params, k, hyper), keys)
+    per = jax.lax.map(lambda k: one_batch(params, k, inputs), keys)
     return jax.tree.map(lambda x: x.sum(0), per)
   return evaluate
 
@@ -153,33 +153,33 @@ def additive_r2(queries_OxD, spec):
 def run_config(overrides, seeds, eval_batches, eval_batch_size, log_every, fast_compile=True):
   config = apply_overrides(base_config(), overrides)
   spec = train.RunSpec.from_config(config)
-  hypers = []
+  replica_inputs = []
   for s in seeds:
     config.seed = s
-    hypers.append(train.hyper_from_config(config, spec)[0])
-  hyper_R = jax.tree.map(lambda *x: np.stack(x), *hypers)
+    replica_inputs.append(train.inputs_from_config(config, spec)[0])
+  inputs_R = jax.tree.map(lambda *x: np.stack(x), *replica_inputs)
   evaluate = make_eval(spec, eval_batches, eval_batch_size)
 
   all_queries = jnp.asarray(spec.space.object_query_tokens(np.arange(spec.space.num_objects)))
 
-  def one(hyper):
-    state = train.init(hyper.key, spec, hyper)
+  def one(inputs):
+    state = train.init(inputs.key, spec, inputs)
 
     def body(state, _):
-      state, m = train.train_step(state, hyper, spec)
+      state, m = train.train_step(state, inputs, spec)
       return state, (m["loss"], m["batch_object_accuracy"])
     state, (loss_T, acc_T) = jax.lax.scan(body, state, None, length=spec.num_steps)
     # Evaluation key stream of the run loop (eval after num_steps).
-    result = evaluate(state.params, train.eval_key(hyper.key, spec.num_steps), hyper)
+    result = evaluate(state.params, train.eval_key(inputs.key, spec.num_steps), inputs)
     result["queries_OxD"] = models.DualEncoder(spec.model).apply(
         {"params": state.params}, all_queries, method=models.DualEncoder.encode_queries)
     return loss_T, acc_T, result
 
   t0 = time.perf_counter()
-  fn = jax.jit(jax.vmap(one)).lower(hyper_R).compile(
+  fn = jax.jit(jax.vmap(one)).lower(inputs_R).compile(
       xla_options.compiler_options(jax.default_backend(), fast_compile))
   t1 = time.perf_counter()
-  loss_RxT, acc_RxT, result = jax.device_get(fn(hyper_R))
+  loss_RxT, acc_RxT, result = jax.device_get(fn(inputs_R))
   t2 = time.perf_counter()
   rows = []
   for r, s in enumerate(seeds):

@@ -4,12 +4,15 @@ Both module-level and function-level imports count: an import inside a function 
 cycle, it does not remove it.
 """
 import ast
+import collections
 import os
+
+import numpy as np
+import scipy.sparse.csgraph
 
 import bindjax
 
 PACKAGE_DIR = os.path.dirname(bindjax.__file__)
-
 
 
 def _modules():
@@ -54,34 +57,14 @@ def import_graph():
 
 
 def cycles(graph):
-  """Strongly connected components with more than one module (Tarjan), as frozensets."""
-  index, low, stack, on_stack, found = {}, {}, [], set(), []
-
-  def visit(v):
-    index[v] = low[v] = len(index)
-    stack.append(v)
-    on_stack.add(v)
-    for w in sorted(graph[v]):
-      if w not in index:
-        visit(w)
-        low[v] = min(low[v], low[w])
-      elif w in on_stack:
-        low[v] = min(low[v], index[w])
-    if low[v] == index[v]:
-      component = set()
-      while True:
-        w = stack.pop()
-        on_stack.discard(w)
-        component.add(w)
-        if w == v:
-          break
-      if len(component) > 1:
-        found.append(frozenset(component))
-
-  for v in sorted(graph):
-    if v not in index:
-      visit(v)
-  return found
+  """Strongly connected components with more than one module, as frozensets."""
+  names = sorted(graph)
+  adjacency_NxN = np.array([[b in graph[a] for b in names] for a in names], np.int8)
+  _, labels = scipy.sparse.csgraph.connected_components(adjacency_NxN, connection="strong")
+  components = collections.defaultdict(set)
+  for name, label in zip(names, labels):
+    components[label].add(name)
+  return [frozenset(c) for c in components.values() if len(c) > 1]
 
 
 def test_cycle_finder_sees_function_level_and_relative_imports(tmp_path):

@@ -143,22 +143,22 @@ def test_vmapped_sweep_equals_separate_runs(reference):
   replicas, buckets = grid.expand_grid(tiny_config())
   spec = buckets[0].spec
   options = xla_options.compiler_options(jax.default_backend(), fast_compile=True)
-  hyper = jax.device_put(buckets[0].hypers[0])
-  init = jax.jit(lambda h: train.init(h.key, spec, h)).lower(hyper).compile(options)
-  state = init(hyper)
-  step = jax.jit(lambda s, h: train.train_step(s, h, spec)).lower(state, hyper).compile(options)
+  inputs = jax.device_put(buckets[0].members[0].inputs)
+  init = jax.jit(lambda h: train.init(h.key, spec, h)).lower(inputs).compile(options)
+  state = init(inputs)
+  step = jax.jit(lambda s, h: train.train_step(s, h, spec)).lower(state, inputs).compile(options)
   evaluate = jax.jit(lambda p, k, h: train.eval_step(p, k, h, spec)).lower(
-      state.params, train.eval_key(hyper.key, 0), hyper).compile(options)
+      state.params, train.eval_key(inputs.key, 0), inputs).compile(options)
   for index in (0, 4):  # coverage 0.5 seed 0, coverage 0.8 seed 1
-    hyper = jax.device_put(buckets[0].hypers[index])
-    state = init(hyper)
+    inputs = jax.device_put(buckets[0].members[index].inputs)
+    state = init(inputs)
     expected = []
     for done in range(1, NUM_STEPS + 1):
-      state, metrics = step(state, hyper)
+      state, metrics = step(state, inputs)
       row = {results.RENAMED.get(k, k): float(metrics[k]) for k in results.TRAIN_METRICS}
       if done % 3 == 0:
         row.update({k: float(v) for k, v in
-                    evaluate(state.params, train.eval_key(hyper.key, done), hyper).items()})
+                    evaluate(state.params, train.eval_key(inputs.key, done), inputs).items()})
       expected.append(row)
     got = [r for r in rows if r["replica"] == index]
     assert len(got) == NUM_STEPS
@@ -248,18 +248,18 @@ def test_dispatches_end_where_rows_are_written():
 
 def test_loop_settings_share_one_program():
   """Runs that differ only in steps, warm-up, evaluation or logging cadence use the same
-  compiled programs; the schedule's length they run with is the one their hyper carries."""
+  compiled programs; the schedule's length they run with is the one their inputs carries."""
   longer = multi_step_config()
   longer.num_steps, longer.eval.every, longer.log_every = 40, 7, 5
   longer.optimizer.warmup_fraction = 0.25
-  (mesh, hyper_a, init_a, run_a), (_, hyper_b, init_b, run_b) = (
+  (mesh, inputs_a, init_a, run_a), (_, inputs_b, init_b, run_b) = (
       _compiled_bucket(c) for c in (multi_step_config(), longer))
   assert init_a is init_b and run_a is run_b
   two = bucket_programs.global_scalar(2, mesh)
-  lr_a = np.asarray(run_a(init_a(hyper_a), hyper_a, two)[1]["learning_rate"])
-  lr_b = np.asarray(run_b(init_b(hyper_b), hyper_b, two)[1]["learning_rate"])
+  lr_a = np.asarray(run_a(init_a(inputs_a), inputs_a, two)[1]["learning_rate"])
+  lr_b = np.asarray(run_b(init_b(inputs_b), inputs_b, two)[1]["learning_rate"])
   # The metrics are those of the update at step 1, under each run's own schedule.
-  peak = np.asarray(hyper_a.learning_rate)
+  peak = np.asarray(inputs_a.learning_rate)
   warmup = int(multi_step_config().optimizer.warmup_fraction * NUM_STEPS)
   expected_a = peak * float(train.learning_rate_multiplier(1, NUM_STEPS, warmup))
   np.testing.assert_allclose(lr_a, expected_a, rtol=1e-6)
@@ -271,12 +271,12 @@ def test_loop_settings_share_one_program():
 def _compiled_bucket(config):
   _, (bucket,) = grid.expand_grid(config)
   mesh = parallel.make_mesh()
-  hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
-  hyper = parallel.shard_replicas(hyper_np, mesh)
+  inputs_np, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), 8)
+  inputs = parallel.shard_replicas(inputs_np, mesh)
   # As run_sweep compiles it, so the reference's programs are reused.
   init_fn, run_fn, _, _ = bucket_programs.compile_bucket(
-      bucket.spec, mesh, hyper, log=lambda *_: None, fast_compile=True, keep_best=True)
-  return mesh, hyper, init_fn, run_fn
+      bucket.spec, mesh, inputs, log=lambda *_: None, fast_compile=True, keep_best=True)
+  return mesh, inputs, init_fn, run_fn
 
 
 def test_k_steps_in_one_dispatch_equal_k_dispatches_of_one_step():
@@ -284,12 +284,12 @@ def test_k_steps_in_one_dispatch_equal_k_dispatches_of_one_step():
   state after step 1) and at step 1 (kept at their initial state)."""
   c = multi_step_config()
   c.grid.learning_rates = (HUGE_LR, MID_LR)
-  mesh, hyper, init_fn, run_fn = _compiled_bucket(c)
-  state = init_fn(hyper)
+  mesh, inputs, init_fn, run_fn = _compiled_bucket(c)
+  state = init_fn(inputs)
   for _ in range(3):
-    state, metrics = run_fn(state, hyper, bucket_programs.global_scalar(1, mesh))
+    state, metrics = run_fn(state, inputs, bucket_programs.global_scalar(1, mesh))
   one_by_one = parallel.to_host((state, metrics))
-  state, metrics = run_fn(init_fn(hyper), hyper, bucket_programs.global_scalar(3, mesh))
+  state, metrics = run_fn(init_fn(inputs), inputs, bucket_programs.global_scalar(3, mesh))
   at_once = parallel.to_host((state, metrics))
   assert jax.tree.structure(at_once) == jax.tree.structure(one_by_one)
   for a, b in zip(jax.tree.leaves(at_once), jax.tree.leaves(one_by_one)):
@@ -356,8 +356,8 @@ def test_a_bucket_stops_the_step_after_rows_show_every_replica_diverged(tmp_path
 def _checkpointed_state(workdir, step):
   """The bytes of every array of the bucket's checkpoint at `step`."""
   _, (bucket,) = grid.expand_grid(tiny_config())
-  hyper, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
-  target = bucket_programs.abstract_bucket_state(bucket.spec, parallel.make_mesh(), hyper, True)
+  inputs, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), 8)
+  target = bucket_programs.abstract_bucket_state(bucket.spec, parallel.make_mesh(), inputs, True)
   with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
     _, state, _ = bucket_programs.restore_state(ckpt.restore, target, parallel.replica_sharding(
         parallel.make_mesh()), step=step)
@@ -444,18 +444,18 @@ def test_data_axis_splits_each_replicas_batch_and_matches():
   outcomes = {}
   for num_data in (1, 2):
     mesh = parallel.make_mesh(num_data)
-    hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(),
-                                           parallel.num_replica_shards(mesh))
-    hyper = parallel.shard_replicas(hyper_np, mesh)
+    inputs_np, _ = parallel.pad_to_multiple(bucket.stacked_inputs(),
+                                            parallel.num_replica_shards(mesh))
+    inputs = parallel.shard_replicas(inputs_np, mesh)
     # fast_compile as the smoke preset runs it, so num_data=1 reuses the reference's program.
     init_fn, run_fn, eval_fn, _ = bucket_programs.compile_bucket(
-        bucket.spec, mesh, hyper, "none", log=lambda *_: None, fast_compile=True)
-    state, history = init_fn(hyper), []
+        bucket.spec, mesh, inputs, "none", log=lambda *_: None, fast_compile=True)
+    state, history = init_fn(inputs), []
     for _ in range(3):
-      state, metrics = run_fn(state, hyper, bucket_programs.global_scalar(1, mesh))
+      state, metrics = run_fn(state, inputs, bucket_programs.global_scalar(1, mesh))
       history.append(parallel.to_host(metrics))
     step = bucket_programs.global_scalar(3, mesh)
-    state, metrics = eval_fn(state, hyper, step)
+    state, metrics = eval_fn(state, inputs, step)
     history.append(parallel.to_host(metrics))
     outcomes[num_data] = (run_fn.as_text() + eval_fn.as_text(),
                          (history, parallel.to_host(state["train"].params)))
@@ -476,18 +476,18 @@ def test_checkpoints_hold_the_per_layer_layout(tmp_path):
   config.model.num_layers = 3
   _, (bucket,) = grid.expand_grid(config)
   mesh = parallel.make_mesh()
-  hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
-  hyper = parallel.shard_replicas(hyper_np, mesh)
+  inputs_np, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), 8)
+  inputs = parallel.shard_replicas(inputs_np, mesh)
   sharding = parallel.replica_sharding(mesh)
-  state = jax.jit(lambda h: bucket_programs.init_bucket_state(h, bucket.spec, True))(hyper)
+  state = jax.jit(lambda h: bucket_programs.init_bucket_state(h, bucket.spec, True))(inputs)
   with checkpoint.Checkpoints(tmp_path / "ckpt") as ckpt:
     ckpt.save(2, bucket_programs.checkpoint_state(state, sharding))
   per_layer_spec = dataclasses.replace(
       bucket.spec, model=dataclasses.replace(bucket.spec.model, scan_layers=False))
-  target = bucket_programs.abstract_bucket_state(bucket.spec, mesh, hyper, True)
+  target = bucket_programs.abstract_bucket_state(bucket.spec, mesh, inputs, True)
   with checkpoint.Checkpoints(tmp_path / "ckpt") as ckpt:
     _, per_layer, _ = ckpt.restore(
-        bucket_programs.abstract_bucket_state(per_layer_spec, mesh, hyper, True))
+        bucket_programs.abstract_bucket_state(per_layer_spec, mesh, inputs, True))
     step, restored, _ = bucket_programs.restore_state(ckpt.restore, target, sharding)
   assert step == 2
   assert sorted(per_layer["best"]["params"]["scene_tower"]) == [
@@ -501,13 +501,13 @@ def test_checkpoints_hold_the_per_layer_layout(tmp_path):
 def test_auto_chunk_keeps_each_cores_replicas_within_its_cache_share(monkeypatch):
   _, (bucket,) = grid.expand_grid(tiny_config())
   mesh = parallel.make_mesh()
-  hyper_np, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 8)
-  hyper = parallel.shard_replicas(hyper_np, mesh)  # 16 replicas, 2 per device
+  inputs_np, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), 8)
+  inputs = parallel.shard_replicas(inputs_np, mesh)  # 16 replicas, 2 per device
 
   def auto_chunk(cache_bytes):
     monkeypatch.setattr(parallel, "cpu_cache_bytes_per_core", lambda: cache_bytes)
     logged = []
-    chunk = bucket_programs.compile_bucket(bucket.spec, mesh, hyper, log=logged.append,
+    chunk = bucket_programs.compile_bucket(bucket.spec, mesh, inputs, log=logged.append,
                                            fast_compile=True)[-1]
     return chunk, logged
 

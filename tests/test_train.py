@@ -117,11 +117,11 @@ def test_per_replica_arrays_equal_plain_optimiser():
            for _ in range(6)]
   settings = [(1e-2, 0.1), (3e-3, 0.0)]
 
-  hyper = train.hyper_from_config(_tiny_config(num_steps=20), spec)[0]
+  inputs = train.inputs_from_config(_tiny_config(num_steps=20), spec)[0]
 
   def run_arrays(lr_R, wd_R):
     def one(lr, wd):
-      tx = train.make_optimizer(spec, hyper.replace(learning_rate=lr, weight_decay=wd))
+      tx = train.make_optimizer(spec, inputs.replace(learning_rate=lr, weight_decay=wd))
       p, state = params, tx.init(params)
       for g in grads:
         updates, state = tx.update(g, state, p)
@@ -140,8 +140,8 @@ def test_per_replica_arrays_equal_plain_optimiser():
     for name in params:
       np.testing.assert_allclose(stacked[name][r], p[name], rtol=1e-6, atol=1e-7)
   # Weight decay reaches τ too: with zero gradients only decay moves it (after warm-up starts).
-  tx = train.make_optimizer(spec, hyper.replace(learning_rate=jnp.float32(1e-2),
-                                                weight_decay=jnp.float32(0.1)))
+  tx = train.make_optimizer(spec, inputs.replace(learning_rate=jnp.float32(1e-2),
+                                                 weight_decay=jnp.float32(0.1)))
   state = tx.init(params)
   zero = jax.tree.map(jnp.zeros_like, params)
   _, state = tx.update(zero, state, params)
@@ -154,23 +154,23 @@ def test_train_step_is_pure_and_vmaps_like_single_replicas():
   """Two replicas (different coverage, seed, lr) vmapped == each run alone; no hidden state."""
   config = _tiny_config(num_steps=10, coverage=0.75)
   spec = train.RunSpec.from_config(config)
-  hypers = []
+  replica_inputs = []
   for seed, coverage, lr in ((0, 0.75, 1e-2), (1, 0.5, 3e-3)):
     config.seed, config.coverage, config.optimizer.learning_rate = seed, coverage, lr
-    hypers.append(train.hyper_from_config(config, spec)[0])
-  stacked = jax.tree.map(lambda *x: np.stack(x), *hypers)
+    replica_inputs.append(train.inputs_from_config(config, spec)[0])
+  stacked = jax.tree.map(lambda *x: np.stack(x), *replica_inputs)
 
-  def one_step(hyper):
+  def one_step(inputs):
     # One step, taken after warm-up has begun (the update at step 0 has learning rate 0).
-    state = train.init(hyper.key, spec, hyper).replace(step=jnp.int32(3))
-    state, metrics = train.train_step(state, hyper, spec)
+    state = train.init(inputs.key, spec, inputs).replace(step=jnp.int32(3))
+    state, metrics = train.train_step(state, inputs, spec)
     return state.params, metrics
 
   vmapped = _compile(jax.vmap(one_step), stacked)(stacked)
-  single = _compile(one_step, hypers[0])
+  single = _compile(one_step, replica_inputs[0])
   d = spec.model.d_model
-  for r, hyper in enumerate(hypers):
-    params, metrics = single(hyper)
+  for r, inputs in enumerate(replica_inputs):
+    params, metrics = single(inputs)
     for path, a in jax.tree_util.tree_leaves_with_path(params):
       b = _leaf(vmapped[0], path)[r]
       if "qkv" in jax.tree_util.keystr(path) and "bias" in jax.tree_util.keystr(path):
@@ -179,20 +179,20 @@ def test_train_step_is_pure_and_vmaps_like_single_replicas():
         a, b = np.concatenate([a[:d], a[2 * d:]]), np.concatenate([b[:d], b[2 * d:]])
       np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6, err_msg=jax.tree_util.keystr(path))
     np.testing.assert_allclose(metrics["loss"], vmapped[1]["loss"][r], rtol=2e-5)
-  again = single(hypers[0])
+  again = single(replica_inputs[0])
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(again[0]),
-                                                    jax.tree.leaves(single(hypers[0])[0])))
+                                                    jax.tree.leaves(single(replica_inputs[0])[0])))
   # Replicas with different seeds saw different data and init.
   assert not np.allclose(vmapped[1]["loss"][0], vmapped[1]["loss"][1])
 
 
-def _two_object_accuracy_by_kind(params, spec, hyper, key, batch_size=1024):
+def _two_object_accuracy_by_kind(params, spec, inputs, key, batch_size=1024):
   """Accuracy on 2-object training scenes (every object a query) by objectives.two_object_binding
   kind: "share" (value-sharing or equal objects: no binding needed), "ambiguous" (binding
   needed) and "ambiguous_bag" (ambiguous scenes right up to binding)."""
   space = spec.space
   sampler = scenes.SamplerConfig(batch_size=batch_size, max_positive_queries=space.num_objects)
-  batch = scenes.sample_batch(key, hyper.permutation_O, hyper.num_train, space=space,
+  batch = scenes.sample_batch(key, inputs.permutation_O, inputs.num_train, space=space,
                               sampler=sampler, split="train")
   assert int(batch.object_query_mask_Qo.sum()) == space.num_objects   # every object a query
   out = train.forward(params, batch, spec.model, spec.model.eval_logit_cap)
@@ -242,8 +242,8 @@ def test_tiny_model_learns_and_coverage_one_reports_training_objects(tmp_path):
   trained = extract.load_workdir(tmp_path, "latest")
   assert trained.step == 300
   spec = train.RunSpec.from_config(config)
-  hyper, _ = train.hyper_from_config(config, spec)
-  by_kind = _two_object_accuracy_by_kind(trained.params, spec, hyper, jax.random.key(1))
+  inputs, _ = train.inputs_from_config(config, spec)
+  by_kind = _two_object_accuracy_by_kind(trained.params, spec, inputs, jax.random.key(1))
   assert by_kind["share"] > 0.95, by_kind
   assert by_kind["ambiguous_bag"] > 0.95, by_kind
 
@@ -294,8 +294,8 @@ def test_single_run_config_is_a_one_replica_grid():
   replicas, buckets = grid.expand_grid(grid.single_run_config(config))
   (replica,) = replicas
   assert (replica.coverage, replica.seed, replica.space_size) == (0.5, 3, 16)
-  hyper, split = train.hyper_from_config(config, train.RunSpec.from_config(config))
-  np.testing.assert_array_equal(buckets[0].hypers[0].permutation_O, hyper.permutation_O)
-  assert buckets[0].splits[0].num_train == split.num_train
+  inputs, split = train.inputs_from_config(config, train.RunSpec.from_config(config))
+  np.testing.assert_array_equal(buckets[0].members[0].inputs.permutation_O, inputs.permutation_O)
+  assert buckets[0].members[0].split.num_train == split.num_train
   with pytest.raises(ValueError, match="config.grid is set"):
     grid.single_run_config(grid.single_run_config(config))

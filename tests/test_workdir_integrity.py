@@ -325,9 +325,9 @@ def test_checkpoint_restore_names_the_damaged_array(reference, tmp_path):
 
 def _final_state(workdir):
   _, (bucket,) = grid.expand_grid(test_sweep.tiny_config())
-  hyper, _ = parallel.pad_to_multiple(bucket.stacked_hyper(), 16)
+  inputs, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), 16)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.eval_shape(lambda h: bucket_programs.init_bucket_state(h, bucket.spec, True), hyper)
+  target = jax.eval_shape(lambda h: bucket_programs.init_bucket_state(h, bucket.spec, True), inputs)
   with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
     return ckpt.all_steps(), bucket_programs.restore_state(ckpt.restore, target, device)
 

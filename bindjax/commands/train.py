@@ -17,7 +17,7 @@ from bindjax import results
 from bindjax.commands import flags as bj_flags
 from bindjax.commands import sweep as sweep_command
 
-SHOWN = (results.STEP, "loss", results.object_accuracy(results.HELDOUT),
+SHOWN = (results.STEP, results.LOSS, results.object_accuracy(results.HELDOUT),
          results.concept_accuracy(results.HELDOUT), results.object_accuracy(results.TRAIN),
          results.concept_accuracy(results.TRAIN), results.USES_TRAINING_OBJECTS)
 

@@ -44,11 +44,11 @@ def _spec(num_layers, scan_layers):
 def measure(num_layers, layout):
   """Seconds to lower and to compile one train step of a `num_layers` tower in `layout`."""
   config, spec = _spec(num_layers, LAYOUTS[layout])
-  hyper, _ = train.hyper_from_config(config, spec)
-  state = jax.eval_shape(lambda h: train.init(h.key, spec, h), hyper)
+  inputs, _ = train.inputs_from_config(config, spec)
+  state = jax.eval_shape(lambda h: train.init(h.key, spec, h), inputs)
   step_fn = jax.jit(lambda s, h: train.train_step(s, h, spec), donate_argnums=0)
   t0 = time.perf_counter()
-  lowered = step_fn.lower(state, hyper)
+  lowered = step_fn.lower(state, inputs)
   t1 = time.perf_counter()
   lowered.compile(xla_options.compiler_options(jax.devices()[0].platform))
   t2 = time.perf_counter()

@@ -72,22 +72,22 @@ def bucket_runner(config, devices=None, chunk=parallel.AUTO):
   """(compile seconds, run(steps) -> seconds, bucket, chunk) for the config's single bucket."""
   bucket = single_bucket(config)
   mesh = parallel.make_mesh(devices=devices)
-  hyper, _ = engine.place(bucket.stacked_hyper(), mesh)
+  inputs, _ = engine.place(bucket.stacked_inputs(), mesh)
   t0 = time.perf_counter()
   init_fn, run_fn, _, chunk = bucket_programs.compile_bucket(
-      bucket.spec, mesh, hyper, chunk, log=lambda *_: None,
+      bucket.spec, mesh, inputs, chunk, log=lambda *_: None,
       fast_compile=bool(config.sweep.fast_compile))
   compile_seconds = time.perf_counter() - t0
   one = bucket_programs.global_scalar(1, mesh)
-  state = init_fn(hyper)
-  state, metrics = run_fn(state, hyper, one)  # warm-up
+  state = init_fn(inputs)
+  state, metrics = run_fn(state, inputs, one)  # warm-up
   jax.block_until_ready(metrics)
 
   def run(steps):
     nonlocal state
     t = time.perf_counter()
     for _ in range(steps):
-      state, metrics = run_fn(state, hyper, one)
+      state, metrics = run_fn(state, inputs, one)
     jax.block_until_ready(metrics)
     return time.perf_counter() - t
 

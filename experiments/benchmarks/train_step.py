@@ -105,19 +105,19 @@ def matmul_rate(m, k, n, repeats=5):
 def bench_config(name, steps, repeats, donate):
   config = _config(name)
   spec = train.RunSpec.from_config(config)
-  hyper, _ = train.hyper_from_config(config, spec)
-  hyper = jax.device_put(hyper)
-  state = jax.jit(lambda h: train.init(h.key, spec, h))(hyper)
+  inputs, _ = train.inputs_from_config(config, spec)
+  inputs = jax.device_put(inputs)
+  state = jax.jit(lambda h: train.init(h.key, spec, h))(inputs)
   step_fn = jax.jit(lambda s, h: train.train_step(s, h, spec),
                     donate_argnums=(0,) if donate else ())
   t0 = time.perf_counter()
-  compiled = step_fn.lower(state, hyper).compile(
+  compiled = step_fn.lower(state, inputs).compile(
       xla_options.compiler_options(jax.devices()[0].platform))
   compile_s = time.perf_counter() - t0
   holder = {"state": state}
 
   def one():
-    holder["state"], metrics = compiled(holder["state"], hyper)
+    holder["state"], metrics = compiled(holder["state"], inputs)
     jax.block_until_ready(metrics["loss"])
 
   for _ in range(2):
