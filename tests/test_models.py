@@ -279,8 +279,13 @@ def test_scanned_towers_match_per_layer_towers(config):
   np.testing.assert_allclose(value_s, value, rtol=1e-5)
   for a, b in zip(outputs_s, outputs):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6), grads_s,
-               models.stack_blocks(grads))
+  # Scanned and looped blocks sum in other orders, so an element that is a near-cancellation
+  # of larger terms differs by float32 rounding of those terms: the tolerance scales with each
+  # leaf's largest gradient (a wrong layer or weight would be off by that scale itself).
+  def close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(np.abs(b).max()))
+
+  jax.tree.map(close, grads_s, models.stack_blocks(grads))
 
 
 def test_block_layouts_convert_both_ways():
