@@ -17,9 +17,10 @@
 #   bash experiments/benchmarks/device_sweep.sh            # GPU machine: every stage
 #   bash experiments/benchmarks/device_sweep.sh throughput # or quick, or binding: one stage
 #   bash experiments/benchmarks/device_sweep.sh learning_time   # only when named: the plain
-#       towers' learning time at coverage 1 (|O| = 64 and 100, d_ff 256 and 2,048, 4 seeds,
-#       30,000 steps; LT_SIZES, LT_MODELS, LT_SEEDS, LT_STEPS, LT_SECONDS override), for a
-#       second call when the device has time left after the first
+#       towers' learning time at coverage 1 at the original code's width (d_ff 2,048) for
+#       |O| = 64, 225 and 400, 4 seeds, 60,000 steps (the CPU law puts |O| = 400 near 43,000;
+#       docs/findings/learning_time.md; LT_SIZES, LT_MODELS, LT_SEEDS, LT_STEPS, LT_SECONDS
+#       override), for a second call when the device has time left after the first
 #   DEVICE_SWEEP_CPU=1 bash experiments/benchmarks/device_sweep.sh   # CPU fallback: tiny model
 # The quick stage sizes its steps from $OUT/throughput.json when there is one, else it keeps the
 # preset's step count.
@@ -60,8 +61,8 @@ if [ "${DEVICE_SWEEP_CPU:-0}" = 1 ] || [ "$(backend)" != gpu ]; then
   export JAX_PLATFORMS=cpu
 else
   MODEL=paper; REPLICAS=1,8,64; STEPS=10; REPEATS=3; PRESET=gpu_quick; MIN_STEPS=100; EXTRA=()
-  FITS=paper; LT_DEFAULT_SIZES=8,10; LT_DEFAULT_STEPS=30000; LT_DEFAULT_EVERY=500
-  LT_DEFAULT_MODELS=cpu,cpu_ff2048
+  FITS=paper; LT_DEFAULT_SIZES=8,15,20; LT_DEFAULT_STEPS=60000; LT_DEFAULT_EVERY=1000
+  LT_DEFAULT_MODELS=cpu_ff2048
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
@@ -116,7 +117,7 @@ timeout "${BINDING_SECONDS:-240}" "$PYTHON" -m bindjax.cli binding --workdir="$O
 fi
 
 if [ "$STAGE" = learning_time ]; then
-# Plain towers' learning time at coverage 1, the sizes and widths 2 CPU cores cannot finish;
+# Plain towers' learning time at coverage 1 at sizes 2 CPU cores cannot finish;
 # a run cut by the timeout is tabulated from the rows it wrote.
 LT=(--sizes="${LT_SIZES:-$LT_DEFAULT_SIZES}" --models="${LT_MODELS:-$LT_DEFAULT_MODELS}"
     --seeds="${LT_SEEDS:-4}" --eval_every="${LT_EVERY:-$LT_DEFAULT_EVERY}")
