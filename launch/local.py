@@ -13,7 +13,6 @@ The workdir is dated (ROOT/YYYYmmdd-HHMMSS-coverage_sweep-cpu) unless --workdir 
 resume a killed sweep, pass its workdir).
 """
 import argparse
-import functools
 import os
 import subprocess
 import sys
@@ -70,15 +69,27 @@ def main(argv=None):
     return common.run(processes + [report], args.dry_run)
   for command in processes:
     print("+ " + common.quote(command), flush=True)
-  running = [
-      subprocess.Popen(command,
-                       preexec_fn=cores and functools.partial(os.sched_setaffinity, 0, cores))
-      for command, cores in zip(processes, groups or [None] * len(processes))]
+  running = [_start(command, cores)
+             for command, cores in zip(processes, groups or [None] * len(processes))]
   codes = [p.wait() for p in running]
   if any(codes):
     print(f"sweep processes exited with {codes}", file=sys.stderr)
     return max(codes)
   return common.run([report], False)
+
+
+def _start(command, cores):
+  """Starts `command`, pinned to `cores` when given. A child inherits the affinity of the thread
+  that starts it, so this thread takes `cores` for the start and then gets its own back; a
+  preexec_fn would make Python fork a process that may hold JAX's threads."""
+  if not cores:
+    return subprocess.Popen(command)
+  own = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, cores)
+  try:
+    return subprocess.Popen(command)
+  finally:
+    os.sched_setaffinity(0, own)
 
 
 if __name__ == "__main__":
