@@ -505,8 +505,8 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   workdirs = [workdir] if isinstance(workdir, (str, os.PathLike)) else list(workdir)
   workdirs = [files.as_path(w) for w in workdirs]
   if len(workdirs) > 1 and out_dir is None:
-    raise ValueError(f"workdir={[str(w) for w in workdirs]!r}: a report of several sweeps needs an output "
-                     "directory")
+    raise ValueError(f"workdir={[str(w) for w in workdirs]!r}: a report of several sweeps needs "
+                     "an output directory")
   if metric not in RHO_METRICS:
     raise ValueError(f"metric={metric!r}: expected one of {sorted(RHO_METRICS)}")
   rho_metric = RHO_METRICS[metric]

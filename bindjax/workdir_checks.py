@@ -1,6 +1,6 @@
-"""Whether and how a sweep may use its workdir (an `etils.epath` path): the path, the lock held for the run's life
-(`bindjax.workdir_lock`), what the directory already holds, what --overwrite removes, and the
-check of a finished run's results against its done record.
+"""Whether and how a sweep may use its workdir (an `etils.epath` path): the path, the lock held
+for the run's life (`bindjax.workdir_lock`), what the directory already holds, what --overwrite
+removes, and the check of a finished run's results against its done record.
 
 A finished workdir is left alone; one whose results.jsonl no longer matches the done record is
 rebuilt from the buckets' final checkpoints. Nothing a user put there is removed: --overwrite

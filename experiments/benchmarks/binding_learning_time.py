@@ -64,7 +64,7 @@ def make_config(args):
 
 def learning_times(rows, target, run=0):
   """Per (|O|, model): steps to reach `target` train/binding (seed mean), final values. `run`
-  labels the rows' run, so the same size and model from runs of other schedules stay apart."""
+  labels the entries with the index of their rows' file when several runs are tabulated."""
   binding, accuracy = results.binding(results.TRAIN), results.object_accuracy(results.TRAIN, 2)
   curves = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in rows:
