@@ -5,6 +5,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu --workdir=runs/cpu
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_144 --workdir=runs/cpu_144
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_c3 --workdir=runs/cpu_c3
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_196 --workdir=runs/cpu_196
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -16,6 +17,9 @@ Presets (the ARG after the colon):
   cpu_c3     the same model and grid in a three-concept space, |O| = 125 (C = 3, V = 5), 10,000
              steps: |O| between the two C = 2 sizes, to tell a dependence of critical coverage
              on |O| from one on the number of concepts.
+  cpu_196    the same model at |O| = 196 (C = 2, V = 14), 15,000 steps, coverage 0.2, 0.3, 0.5,
+             0.7, 0.9: a size outside the range the three sizes above were fitted on, its grid
+             centred where their law puts ρ* (about 0.5) before it was run.
   gpu_quick  the published towers (d_model 256, 6 layers, bfloat16 matmuls) for one GPU:
              |O| = 400, coverage 0.2–0.8, 1 seed, training queries restricted to training
              objects, lr 1e-4. experiments/benchmarks/device_sweep.sh re-sizes its steps from the
@@ -47,14 +51,20 @@ COVERAGES_0_1_TO_0_9 = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # gpu_quick's step count, from the measured step rate on one GPU
 # (docs/findings/phase_transition.md).
 GPU_QUICK_STEPS = 15000
-# The CPU scaling-law presets: one object space each, the same model, grid and seeds.
-CPU_SPACES = {"cpu": (2, 10), "cpu_144": (2, 12), "cpu_c3": (3, 5)}
-# Training steps grow with the number of training objects (about as n^1.3 to fit them).
-CPU_STEPS = {"cpu": 10000, "cpu_144": 12000, "cpu_c3": 10000}
+# The CPU scaling-law presets: one object space each, the same model and seeds.
+CPU_SPACES = {"cpu": (2, 10), "cpu_144": (2, 12), "cpu_c3": (3, 5), "cpu_196": (2, 14)}
+# Training steps grow with the number of training objects (about as n^1.3 to fit them); at
+# |O| = 196, 3.5 times the product read-out's learning-time law (193·|O|^0.58 steps), the
+# multiple |O| = 144 had.
+CPU_STEPS = {"cpu": 10000, "cpu_144": 12000, "cpu_c3": 10000, "cpu_196": 15000}
+CPU_COVERAGES = (0.3, 0.5, 0.7, 0.8, 0.9)
+# The law fitted on |O| = 100, 125 and 144 puts ρ*(196) near 0.5, where this grid's 0.8 would
+# say little and a point below 0.3 is needed to see the curve start.
+CPU_196_COVERAGES = (0.2, 0.3, 0.5, 0.7, 0.9)
 
 
 def get_config(arg="smoke"):
-  """Sweep config for preset `arg` (smoke | cpu | cpu_144 | cpu_c3 | gpu_quick | paper | paper_20m)."""
+  """Sweep config for preset `arg`: one of the presets the module docstring lists."""
   c = train.default_config()
   c.sweep.cpu_devices = -1   # replicas side by side, one per core
   c.grid = ml_collections.ConfigDict(dict(
@@ -74,7 +84,7 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=20, keep=2)
   elif arg in CPU_SPACES:
     c.grid.spaces = (CPU_SPACES[arg],)
-    c.grid.coverages = (0.3, 0.5, 0.7, 0.8, 0.9)
+    c.grid.coverages = CPU_196_COVERAGES if arg == "cpu_196" else CPU_COVERAGES
     c.grid.seeds = (0, 1, 2, 3)
     c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
                    product_readout="both")
@@ -104,5 +114,5 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=2000, keep=2)
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
-                     "cpu_144, cpu_c3, gpu_quick, paper or paper_20m")
+                     "cpu_144, cpu_c3, cpu_196, gpu_quick, paper or paper_20m")
   return c
