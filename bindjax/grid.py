@@ -65,10 +65,39 @@ class BucketMember:
 
 @dataclasses.dataclass
 class Bucket:
-  """Replicas sharing one RunSpec (one compiled program), in replica order."""
+  """Replicas sharing one RunSpec (one compiled program), in replica order; or a part of such a
+  bucket (`part`), trained in a program of its own."""
   index: int
   spec: train.RunSpec
   members: list    # BucketMember per replica
+  start: int = 0   # a part's position in its bucket
+  bucket_size: int | None = None   # a part's bucket's size (None: not a part)
+
+  def part(self, start, stop):
+    """The bucket's members at positions start..stop-1, as a Bucket of their own."""
+    return Bucket(self.index, self.spec, self.members[start:stop], start, len(self.members))
+
+  @property
+  def key(self):
+    """(bucket index, start): tells the parts of one bucket apart."""
+    return self.index, self.start
+
+  @property
+  def members_range(self):
+    """(start, stop) of a part that is not its whole bucket, else None."""
+    if self.bucket_size is None or (self.start == 0 and len(self.members) == self.bucket_size):
+      return None
+    return self.start, self.start + len(self.members)
+
+  def checkpoint_dir(self, workdir):
+    """Where its checkpoints live in `workdir` (`results.bucket_checkpoint_dir`)."""
+    return results.bucket_checkpoint_dir(workdir, self.index, self.members_range)
+
+  @property
+  def name(self):
+    """How logs name it: "bucket 2", or "bucket 2 (replicas 9-17)" for a part."""
+    span = self.members_range
+    return f"bucket {self.index}" + (f" (replicas {span[0]}-{span[1] - 1})" if span else "")
 
   @property
   def replicas(self):

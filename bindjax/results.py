@@ -9,6 +9,7 @@
   summary.csv          one line per replica: final and best evaluation, or when it diverged
   sweep_done.json      written last; a rerun into a finished workdir reports and returns
   checkpoints/bucket_NNN/<step>/   stacked replica states of one bucket, and its rows so far
+                       (bucket_NNN_replicas_AAA_to_BBB/ for a part of one, `bindjax.packing`)
   report/              `bindjax report`'s figure and tables
   bindjax_outputs.json what bindjax wrote here (`files.record_outputs`): --overwrite removes that
   bindjax.lock         held by the run while it runs (`bindjax.workdir_lock`)
@@ -127,9 +128,19 @@ SUMMARY_METRICS = (SELECTION_METRIC, object_accuracy(HELDOUT, 1), concept_accura
 USES_TRAINING_OBJECTS = metric(HELDOUT, "uses_training_objects")
 
 
-def bucket_checkpoint_dir(workdir, bucket):
-  """Checkpoint directory of bucket number `bucket`."""
-  return files.as_path(workdir) / CHECKPOINT_DIR / f"bucket_{bucket:03d}"
+def bucket_checkpoint_dir(workdir, bucket, members=None):
+  """Checkpoint directory of bucket number `bucket`, or with members=(start, stop) of the part
+  of it that holds its replicas at positions start..stop-1 (`bindjax.packing`)."""
+  name = f"bucket_{bucket:03d}"
+  if members is not None:
+    name += f"_replicas_{members[0]:03d}_to_{members[1] - 1:03d}"
+  return files.as_path(workdir) / CHECKPOINT_DIR / name
+
+
+def sweep_order(rows):
+  """`rows` in the order results.jsonl holds them: by bucket, step and replica, whichever
+  parts of a bucket they were trained in (a bucket's rows come per step, in replica order)."""
+  return sorted(rows, key=lambda r: (r[BUCKET], r[STEP], r[REPLICA]))
 
 
 def _finite_or_none(value):
@@ -302,6 +313,12 @@ def write_summary(workdir, rows, replicas):
   files.write_atomic(files.as_path(workdir) / SUMMARY_FILE, buffer.getvalue())
 
 
+# Settings added to the config after workdirs were written, with the value that a config saved
+# without one ran as: such a workdir resumes under that value. (A workdir written before packing
+# existed checkpointed its buckets whole, and the sweep resumes it laid out that way.)
+ADDED_SETTINGS = {"sweep.packing": "auto"}
+
+
 def config_json(config):
   """A ConfigDict as the JSON-compatible dict stored in config.json."""
   return json.loads(config.to_json_best_effort(sort_keys=True))
@@ -331,7 +348,12 @@ def check_saved_config(workdir, config):
   if saved == config:
     return
   a, b = _flat(saved), _flat(config)
+  for key, value in ADDED_SETTINGS.items():
+    if key not in a and b.get(key) == value:
+      a[key] = value
   diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+  if not diff:
+    return
   details = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:8])
   more = f" and {len(diff) - 8} more" if len(diff) > 8 else ""
   raise errors.ConfigError(f"workdir='{workdir}' holds a run with a different config "

@@ -32,14 +32,14 @@ class ResultsWriter:
     self.published = False
     self.log = log
     self.coordinates = {r.index: r.coordinates() for r in replicas}
-    self.by_bucket = {}  # bucket index -> its rows, in order
+    self.by_bucket = {}  # Bucket.key (a bucket, or a part of one) -> its rows, in order
     self.diverged = {}   # replica index -> divergence step already reported
     self.file = None
     self._file_rows = None
 
   def rows(self):
     """Every row so far, in the order an uninterrupted sweep writes them."""
-    return [row for b in sorted(self.by_bucket) for row in self.by_bucket[b]]
+    return results.sweep_order([row for rows in self.by_bucket.values() for row in rows])
 
   def restore(self, bucket, step, metadata, is_logged):
     """Takes `bucket`'s rows up to checkpoint `step` from the checkpoint's metadata.
@@ -55,22 +55,23 @@ class ResultsWriter:
     else:
       if self._file_rows is None:
         self._file_rows = results.read_rows(self.path.parent)
+      members = {r.index for r in bucket.replicas}
       rows = [r for r in self._file_rows
-              if r[results.BUCKET] == bucket.index and r[results.STEP] <= step]
+              if r[results.REPLICA] in members and r[results.STEP] <= step]
       missing = _missing_rows(rows, bucket, [s for s in range(1, step + 1) if is_logged(s)])
       if missing:
         replica, at = missing[0]
         raise ValueError(
-            f"{self.path} lacks {len(missing)} rows of bucket {bucket.index} up to its checkpoint "
+            f"{self.path} lacks {len(missing)} rows of {bucket.name} up to its checkpoint "
             f"at step {step} (first: replica {replica}, step {at}), and that checkpoint predates "
             "checkpoints holding rows, so they cannot be rebuilt; restore the file from a copy or "
             "pass --overwrite to start the run over")
-    self.by_bucket[bucket.index] = rows
+    self.by_bucket[bucket.key] = rows
     self.diverged.update(results.diverged_steps(rows))
 
   def packed(self, bucket):
     """The bucket's rows so far, packed for its checkpoint's metadata."""
-    return results.pack_rows(self.by_bucket[bucket.index], self.coordinates)
+    return results.pack_rows(self.by_bucket[bucket.key], self.coordinates)
 
   def publish(self):
     """Makes results.jsonl hold exactly the rows so far and, on a local workdir, opens it for
@@ -110,7 +111,7 @@ class ResultsWriter:
           diverged_step))
       if diverged_step >= 0:
         self.diverged[replica.index] = diverged_step
-    self.by_bucket[bucket.index].extend(rows)
+    self.by_bucket[bucket.key].extend(rows)
     if self.file is not None and rows:
       try:
         files.append_jsonl(self.file, rows)

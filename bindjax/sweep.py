@@ -1,7 +1,8 @@
 """Coverage sweeps: many small dual encoders trained together, vmapped and sharded.
 
 The run loop. `bindjax.grid` expands `config.grid` into replicas and buckets; each bucket
-trains in one compiled program (`bindjax.bucket_programs`), one bucket after another. One
+trains in one compiled program (`bindjax.bucket_programs`), or split into parts on lanes of the
+devices that train side by side (`bindjax.packing`, `_interleave`). One
 dispatch runs every step up to the next one whose rows are written (`dispatch_ends`), so a long
 stretch between logged steps costs one dispatch, and the rows do not depend on it.
 
@@ -33,21 +34,12 @@ from bindjax import engine
 from bindjax import errors
 from bindjax import files
 from bindjax import grid
+from bindjax import packing
 from bindjax import parallel
 from bindjax import results
 from bindjax import results_writer
+from bindjax import train
 from bindjax import workdir_checks
-
-
-def _mesh_devices(buckets, num_data, devices):
-  """The devices to use: all of them, or in one process only as many as the largest bucket
-  fills, so a small sweep (a single run) is not padded with copies onto idle devices."""
-  devices = list(jax.devices() if devices is None else devices)
-  if jax.process_count() > 1:
-    return devices
-  groups = min(len(devices) // num_data, max(len(b.replicas) for b in buckets))
-  return devices[:max(1, groups) * num_data]
-
 
 
 def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, devices=None):
@@ -61,22 +53,47 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
   recorded as its outputs (and only that). Errors: errors.ConfigError for a setting or a
   workdir this run may not use (a different config, files that are not a bindjax run);
   ValueError for damaged data it cannot repair; OSError for the environment (a workdir held by
-  a live run or not writable, a full disk). devices: the devices of the mesh (default all,
-  over every process).
+  a live run or not writable, a full disk). devices: the devices to train on (default all,
+  over every process), laid out in lanes by `bindjax.packing`.
   """
   with errors.config_errors():
     replicas, buckets = grid.expand_grid(config)
     parallel.chunk_setting(config.sweep.chunk_size, "config.sweep.chunk_size")
-    num_data = int(config.sweep.num_data)
-    mesh = parallel.make_mesh(num_data, devices=_mesh_devices(buckets, num_data, devices))
+    devices = list(jax.devices() if devices is None else devices)
+    parallel.make_mesh(int(config.sweep.num_data), devices=devices)   # checks num_data
+    packing.check_setting(config.sweep.packing)
   workdir = files.as_path(workdir)
   workdir_checks.check_path(workdir)
   with workdir_checks.ownership(workdir, log):
-    return _run_owned(config, workdir, replicas, buckets, mesh, overwrite=overwrite,
+    return _run_owned(config, workdir, replicas, buckets, devices, overwrite=overwrite,
                       progress=progress, log=log)
 
 
-def _run_owned(config, workdir, replicas, buckets, mesh, *, overwrite, progress, log):
+def _plan(config, workdir, buckets, devices):
+  """The plan of the sweep's lanes (`packing.choose`); for a resumed run the one whose parts its
+  checkpoints belong to (a workdir from before packing existed holds whole buckets).
+  errors.ConfigError when no plan on these devices has them."""
+  args = ([len(b.replicas) for b in buckets],
+          [train.train_step_flops(b.spec) * b.spec.num_steps for b in buckets], len(devices),
+          int(config.sweep.num_data))
+  processes = [d.process_index for d in devices]
+  chosen = packing.choose(*args, device_processes=processes, packing=config.sweep.packing)
+  root = workdir / results.CHECKPOINT_DIR
+  present = {p.name for p in root.iterdir()} if root.is_dir() else set()
+  if not present:
+    return chosen
+  turn = packing.in_turn(*args, num_processes=len(set(processes)))
+  for plan in (chosen, turn):
+    if present <= {buckets[p.bucket].part(p.start, p.stop).checkpoint_dir(workdir).name
+                   for p in plan.parts}:
+      return plan
+  raise errors.ConfigError(
+      f"{root} holds checkpoints of a run laid out on other devices than these {len(devices)} "
+      f"(this run's plan: {chosen.describe()}); resume it on the devices it started on, or pass "
+      "--overwrite")
+
+
+def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progress, log):
   from tqdm import tqdm
 
   writer = parallel.is_writer()
@@ -87,8 +104,12 @@ def _run_owned(config, workdir, replicas, buckets, mesh, *, overwrite, progress,
     workdir_checks.remove_outputs(workdir)
   # Every process has checked the workdir before process 0 writes into it.
   parallel.sync("bindjax_sweep_checked")
+  plan = _plan(config, workdir, buckets, devices)
+  lanes = [(parallel.make_mesh(plan.num_data, devices=[devices[i] for i in lane.devices]),
+            [buckets[p.bucket].part(p.start, p.stop) for p in lane.parts]) for lane in plan.lanes]
+  parts = [part for _, lane_parts in lanes for part in lane_parts]
   if done_path.exists():
-    done = workdir_checks.finished(workdir, files.read_json(done_path), buckets, log)
+    done = workdir_checks.finished(workdir, files.read_json(done_path), parts, log)
     parallel.sync("bindjax_sweep_finished")
     log(f"the run in {workdir} is finished ({done['num_replicas']} replicas, "
         f"{done['num_buckets']} buckets); nothing to do (pass --overwrite to run it again)")
@@ -104,43 +125,46 @@ def _run_owned(config, workdir, replicas, buckets, mesh, *, overwrite, progress,
 
   settings = config.sweep
   keep = int(config.checkpoint.keep)
-  managers = {b.index: checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, b.index),
-                                              keep=keep) for b in buckets}
+  managers = {p.key: checkpoint.Checkpoints(p.checkpoint_dir(workdir), keep=keep) for p in parts}
   rows = results_writer.ResultsWriter(workdir, replicas, log)
-  loop = _Loop(mesh=mesh, results=rows, bar=None, log=log,
+  loop = _Loop(results=rows, bar=None, log=log,
                keep_best=bool(config.checkpoint.keep_best), chunk_setting=settings.chunk_size,
                memory_fraction=float(settings.memory_fraction),
                fast_compile=bool(settings.fast_compile),
                checkpoint_every=int(config.checkpoint.every), log_every=int(config.log_every))
   try:
-    log(f"sweep: {len(replicas)} replicas in {len(buckets)} buckets on {mesh.devices.size} "
-        f"devices ({jax.process_count()} processes); mesh {dict(mesh.shape)}")
+    log(f"sweep: {len(replicas)} replicas in {len(buckets)} buckets on {len(devices)} "
+        f"devices ({jax.process_count()} processes); {plan.describe()}")
     # Every restore (state and rows, checksums verified) succeeds before anything is rewritten.
-    latest = {b.index: managers[b.index].verified_metadata(log) for b in buckets}
-    last_saved = max([b.index for b in buckets if latest[b.index]], default=-1)
+    latest = {p.key: managers[p.key].verified_metadata(log) for p in parts}
     restored = {}
-    for bucket in buckets:
-      start, state, complete = loop.restore(bucket, managers[bucket.index], latest[bucket.index])
-      # Keep the state for training only where no later restore would hold a second one.
-      restored[bucket.index] = (start, None if complete or bucket.index < last_saved else state,
-                                complete)
+    for mesh, lane_parts in lanes:
+      training = None   # the lane's first part with training left: it keeps its restored state
+      for part in lane_parts:
+        start, state, complete = loop.restore(part, mesh, managers[part.key], latest[part.key])
+        training = part.key if training is None and not complete else training
+        restored[part.key] = (start, state if training == part.key else None, complete)
     total = sum(len(b.replicas) * b.spec.num_steps for b in buckets)
-    initial = sum(len(b.replicas) * (b.spec.num_steps if restored[b.index][2]
-                                     else restored[b.index][0]) for b in buckets)
+    initial = sum(len(p.replicas) * (p.spec.num_steps if restored[p.key][2]
+                                     else restored[p.key][0]) for p in parts)
     if initial:
       log(f"resuming at {initial:,} of {total:,} replica-steps")
     loop.bar = tqdm(total=total, initial=initial, unit="replica-step", unit_scale=True,
                     dynamic_ncols=True, disable=not (progress and writer), file=sys.stderr,
                     mininterval=1.0)
     rows.publish()
-    for bucket in buckets:
-      manager = managers[bucket.index]
-      start, state, complete = restored.pop(bucket.index)
-      if not complete:
-        loop.run_bucket(bucket, manager, start, state)
-      manager.close()
-      if writer:
-        results.write_summary(workdir, rows.rows(), coordinates)
+
+    def lane_work(mesh, lane_parts):
+      for part in lane_parts:
+        manager = managers[part.key]
+        start, state, complete = restored.pop(part.key)
+        if not complete:
+          yield from loop.train(part, mesh, manager, start, state)
+        manager.close()
+        if writer:
+          results.write_summary(workdir, rows.rows(), coordinates)
+
+    _interleave([lane_work(mesh, lane_parts) for mesh, lane_parts in lanes])
     rows.finish()
   except BaseException:
     rows.close()
@@ -165,6 +189,23 @@ def _run_owned(config, workdir, replicas, buckets, mesh, *, overwrite, progress,
   log(f"sweep finished: {len(replicas)} replicas, {len(rows.diverged)} diverged; compile "
       f"{loop.compile_seconds:.1f} s; results in {rows.path}")
   return done
+
+
+def _interleave(lanes):
+  """Runs the lanes' generators, one step (a dispatch) of each in turn, until all are done.
+
+  Dispatches are asynchronous, so while the host waits for one lane's rows the other lanes'
+  queued work runs on their own devices. The order is fixed, so every process issues the same
+  programs in the same order.
+  """
+  active = list(lanes)
+  while active:
+    for lane in list(active):
+      if next(lane, _DONE) is _DONE:
+        active.remove(lane)
+
+
+_DONE = object()
 
 
 def run_single(config, workdir, *, overwrite=False, progress=True, log=print):
@@ -213,8 +254,8 @@ def dispatch_ends(spec, log_every, checkpoint_every, start=0):
 
 @dataclasses.dataclass
 class _Loop:
-  """The settings and running state the buckets of one sweep share."""
-  mesh: object
+  """The settings and running state the buckets of one sweep share; each bucket (or part of
+  one) trains on the mesh of its lane."""
   results: results_writer.ResultsWriter
   bar: object
   log: object
@@ -238,17 +279,18 @@ class _Loop:
     step, metadata = latest
     return bool(metadata.get("complete", step >= bucket.spec.num_steps))
 
-  def _inputs(self, bucket):
+  @staticmethod
+  def _inputs(bucket, mesh):
     """The bucket's stacked inputs, padded to the replica shards and sharded; and its padding."""
-    return engine.place(bucket.stacked_inputs(), self.mesh)
+    return engine.place(bucket.stacked_inputs(), mesh)
 
-  def _restore_state(self, bucket, inputs, restore, **kwargs):
-    """`bucket_programs.restore_state` of the bucket's state on the mesh."""
-    target = bucket_programs.abstract_bucket_state(bucket.spec, self.mesh, inputs, self.keep_best)
-    return bucket_programs.restore_state(restore, target, parallel.replica_sharding(self.mesh),
+  def _restore_state(self, bucket, mesh, inputs, restore, **kwargs):
+    """`bucket_programs.restore_state` of the bucket's state on `mesh`."""
+    target = bucket_programs.abstract_bucket_state(bucket.spec, mesh, inputs, self.keep_best)
+    return bucket_programs.restore_state(restore, target, parallel.replica_sharding(mesh),
                                          **kwargs)
 
-  def restore(self, bucket, manager, latest):
+  def restore(self, bucket, mesh, manager, latest):
     """Restores the bucket from its newest checkpoint up to `latest` ((step, metadata) of the
     newest whose metadata verifies, or None) whose arrays verify too, falling back past
     damaged ones and saying so; takes its rows from it and deletes newer checkpoints.
@@ -260,33 +302,34 @@ class _Loop:
       self.results.restore(bucket, 0, {}, self.is_logged(bucket))
       manager.prune_after(None)
       return 0, None, False
-    inputs, _ = self._inputs(bucket)
-    start, state, metadata = self._restore_state(bucket, inputs, manager.restore_verified,
+    inputs, _ = self._inputs(bucket, mesh)
+    start, state, metadata = self._restore_state(bucket, mesh, inputs, manager.restore_verified,
                                                  at_most=latest[0], log=self.log)
     self.results.restore(bucket, start, metadata, self.is_logged(bucket))
     manager.prune_after(start)
     return start, state, self.complete(bucket, (start, metadata))
 
-  def run_bucket(self, bucket, manager, start, state=None):
-    """Trains one bucket from step `start` to its last step (or until all its replicas
-    diverged). state: the state `restore` returned at `start` (restored again when None)."""
-    spec, mesh = bucket.spec, self.mesh
-    inputs, valid = self._inputs(bucket)
+  def train(self, bucket, mesh, manager, start, state=None):
+    """Trains one bucket (or part of one) on `mesh` from step `start` to its last step (or
+    until all its replicas diverged), yielding after each dispatch (`_interleave`). state: the
+    state `restore` returned at `start` (restored again when None)."""
+    spec = bucket.spec
+    inputs, valid = self._inputs(bucket, mesh)
     t0 = time.perf_counter()
     init_fn, run_fn, eval_fn, chunk = bucket_programs.compile_bucket(
         spec, mesh, inputs, self.chunk_setting, self.memory_fraction, self.log,
         self.fast_compile, self.keep_best)
     seconds = time.perf_counter() - t0
     self.compile_seconds += seconds
-    self.log(f"bucket {bucket.index}: {len(bucket.replicas)} replicas (padded to {len(valid)}), "
+    self.log(f"{bucket.name}: {len(bucket.replicas)} replicas (padded to {len(valid)}), "
              f"|O| = {spec.space.num_objects}, d_model {spec.model.d_model}; compiled in "
              f"{seconds:.1f} s" + (f"; chunk {chunk}" if chunk else ""))
     if not start:
       state = init_fn(inputs)
     else:
       if state is None:
-        _, state, _ = self._restore_state(bucket, inputs, manager.restore, step=start)
-      self.log(f"bucket {bucket.index}: resumed from the checkpoint at step {start}")
+        _, state, _ = self._restore_state(bucket, mesh, inputs, manager.restore, step=start)
+      self.log(f"{bucket.name}: resumed from the checkpoint at step {start}")
     postfix = {"compile": f"{self.compile_seconds:.0f}s"}
     self.bar.set_postfix(postfix, refresh=False)
     metadata = {"bucket": bucket.index, "padded_replicas": len(valid)}
@@ -331,8 +374,9 @@ class _Loop:
                           rows=self.results.packed(bucket)))
       self.bar.update(len(bucket.replicas) * ((num_steps if stop else done) - step))
       if stop:
-        self.log(f"bucket {bucket.index}: every replica diverged; stopped at step {done}")
+        self.log(f"{bucket.name}: every replica diverged; stopped at step {done}")
         break
       step = done
+      yield
     flush()
     manager.wait()

@@ -63,10 +63,12 @@ def default_config():
   c.checkpoint = ml_collections.ConfigDict(dict(every=1000, keep=3, keep_best=True))
   # How the loop runs (bindjax.sweep): chunk_size "auto", "none" (all replicas at once) or n at
   # a time; num_data devices per replica; fast_compile cheaper XLA compiles of slower code (tiny
-  # models); cpu_devices -1 one single-threaded device per CPU core, 0 JAX's default CPU device.
+  # models); cpu_devices -1 one single-threaded device per CPU core, 0 JAX's default CPU device;
+  # packing "auto" buckets packed onto lanes of the devices when that keeps more of them busy,
+  # "none" buckets one after another over all devices (bindjax.packing).
   c.sweep = ml_collections.ConfigDict(dict(
       chunk_size=parallel.AUTO, num_data=1, memory_fraction=parallel.DEFAULT_MEMORY_FRACTION,
-      fast_compile=False, cpu_devices=0))
+      fast_compile=False, cpu_devices=0, packing="auto"))
   return c
 
 
@@ -208,6 +210,17 @@ class RunSpec(ProgramSpec):
       raise ValueError(f"config.checkpoint.keep_best={_field(config, 'checkpoint.keep_best')!r}: "
                        "expected True or False")
     return spec
+
+
+def train_step_flops(spec):
+  """Matmul FLOPs of one replica's train step (`models.tower_flops` of both towers, × 3 for the
+  forward and backward passes)."""
+  space, sampler, model = spec.space, spec.sampler, spec.model
+  queries = sampler.num_concept_queries(space) + sampler.num_object_queries(space)
+  forward = (models.tower_flops(model, sampler.batch_size, space.scene_length, tower="scene") +
+             models.tower_flops(model, queries, space.query_length,
+                                out_features=model.query_out_features, tower="query"))
+  return 3 * forward
 
 
 def check_hyper(*, learning_rate, weight_decay):

@@ -91,7 +91,8 @@ def remove_outputs(workdir):
 
 def finished(workdir, done, buckets, log):
   """A finished workdir's done record, after checking results.jsonl against it; a damaged file
-  is rebuilt from the buckets' final checkpoints (ValueError when they cannot rebuild it)."""
+  is rebuilt from the final checkpoints of `buckets` (the run's buckets, or the parts of them it
+  trained; ValueError when they cannot rebuild it)."""
   path = workdir / results.RESULTS_FILE
   expected = done.get("results_sha256")
   if expected is None or not parallel.is_writer():
@@ -103,7 +104,7 @@ def finished(workdir, done, buckets, log):
   rows = []
   for bucket in buckets:
     coordinates.update((r.index, r.coordinates()) for r in bucket.replicas)
-    directory = results.bucket_checkpoint_dir(workdir, bucket.index)
+    directory = bucket.checkpoint_dir(workdir)
     latest = None
     if directory.is_dir():
       with checkpoint.Checkpoints(directory) as ckpt:
@@ -112,6 +113,7 @@ def finished(workdir, done, buckets, log):
       rows = None
       break
     rows += results.unpack_rows(latest[1]["rows"], coordinates)
+  rows = None if rows is None else results.sweep_order(rows)
   if rows is None or results.rows_digest(rows) != expected:
     raise ValueError(f"{path} does not match {results.DONE_FILE} (damaged or edited) and the "
                      "checkpoints cannot rebuild it; restore it from a copy or pass --overwrite")

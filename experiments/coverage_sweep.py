@@ -41,7 +41,9 @@ at once; n replicas at a time), sweep.num_data
 mesh axis), sweep.memory_fraction, sweep.fast_compile (cheaper
 XLA compiles of slower code: for tiny models), sweep.cpu_devices (CPU hosts: -1 one device per
 core, each single-threaded, so replicas run side by side; 0 JAX's default single CPU device;
-ignored when XLA_FLAGS sets the host device count).
+ignored when XLA_FLAGS sets the host device count), sweep.packing ("auto": buckets packed onto
+lanes of the devices when that keeps more of them busy; "none": buckets one after another over
+every device; docs/training.md, "Lanes").
 """
 import ml_collections
 

@@ -557,7 +557,7 @@ def test_a_workdir_in_memory_round_trips_through_epath(reference, memory_fs, tmp
   from bindjax import report
   local = tmp_path / "checkpoints"
   monkeypatch.setattr(results, "bucket_checkpoint_dir",
-                      lambda workdir, bucket: local / f"bucket_{bucket:03d}")
+                      lambda workdir, bucket, members=None: local / f"bucket_{bucket:03d}")
   workdir = epath.Path(memory_fs) / "sweep"
   _, done, rows = reference
   messages = []

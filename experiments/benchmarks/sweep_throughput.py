@@ -33,7 +33,7 @@ import time
 import jax
 import numpy as np
 
-from bindjax import bucket_programs, engine, files, grid, models, parallel, xla_options
+from bindjax import bucket_programs, engine, files, grid, parallel, train, xla_options
 from bindjax.commands import flags
 import repeats  # experiments/benchmarks/repeats.py, beside this script
 
@@ -302,13 +302,13 @@ def device(args):
     compile_seconds, run, bucket, chunk = bucket_runner(config, chunk=args.chunk)
     times = [run(args.steps) / args.steps for _ in range(args.repeats)]
     step_time = float(np.median(times))
-    flops = replicas * train_step_flops(bucket.spec)
+    flops = replicas * train.train_step_flops(bucket.spec)
     tflops = flops / step_time / 1e12
     row = {"replicas": replicas, "replica_steps_per_s": replicas / step_time,
            "step_seconds": repeats.stats(np.array(times)), "tflops": tflops,
            "mfu": tflops / args.peak_tflops, "chunk": chunk,
            "compile_s": round(compile_seconds, 2),
-           "flops_per_replica_step": train_step_flops(bucket.spec)}
+           "flops_per_replica_step": train.train_step_flops(bucket.spec)}
     rows.append(row)
     table.append(f"| {replicas} | {row['replica_steps_per_s']:.1f} | {step_time:.4f} | "
                  f"{tflops:.1f} | {row['mfu']:.1%} | {chunk or '-'} | {compile_seconds:.1f} |")
@@ -316,16 +316,6 @@ def device(args):
   return {"mode": "device", "model": args.model, "peak_tflops": args.peak_tflops,
           "dtype": args.dtype or "float32", "steps": args.steps, "repeats": args.repeats,
           "rows": rows}, table
-
-
-def train_step_flops(spec):
-  """Matmul FLOPs of one replica's train step: 3 × forward of both towers."""
-  space, sampler, model = spec.space, spec.sampler, spec.model
-  queries = sampler.num_concept_queries(space) + sampler.num_object_queries(space)
-  forward = (models.tower_flops(model, sampler.batch_size, space.scene_length, tower="scene") +
-             models.tower_flops(model, queries, space.query_length,
-                                out_features=model.query_out_features, tower="query"))
-  return 3 * forward
 
 
 def _describe(spec):
