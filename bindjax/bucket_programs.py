@@ -195,17 +195,28 @@ def checkpoint_state(state, sharding):
   return _relayout(state, models.unstack_blocks, sharding)
 
 
+def checkpoint_target(target, sharding):
+  """The abstract bucket state `target` as its checkpoints hold it (`checkpoint_state`), every
+  leaf with `sharding`."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                      jax.eval_shape(jax.vmap(models.unstack_blocks), target))
+
+
+def from_checkpoint(tree, sharding):
+  """`tree` (the bucket state or any part of it, as its checkpoints hold it) in the layout the
+  model trains in, every leaf with `sharding`."""
+  return _relayout(tree, models.stack_blocks, sharding)
+
+
 def restore_state(restore, target, sharding, **kwargs):
   """(step, state, metadata) of `restore` (a `checkpoint.Checkpoints` restore method, called
   with `kwargs`) into the abstract bucket state `target`, all of whose leaves have `sharding`;
   None when there is no checkpoint."""
-  per_layer = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                           jax.eval_shape(jax.vmap(models.unstack_blocks), target))
-  restored = restore(per_layer, **kwargs)
+  restored = restore(checkpoint_target(target, sharding), **kwargs)
   if restored is None:
     return None
   step, state, metadata = restored
-  return step, _relayout(state, models.stack_blocks, sharding), metadata
+  return step, from_checkpoint(state, sharding), metadata
 
 
 def _auto_chunk(spec, mesh, inputs, memory_fraction, log, options, keep_best):

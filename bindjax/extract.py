@@ -14,6 +14,7 @@ Probes: "concept_{c}" [V_c, D] = normalised query-tower outputs of concept c's t
 ascending id order here). For "dot" models the per-query bias (last output) is dropped and the
 vectors are kept unnormalised, so dot products rank like the model's logits up to that bias.
 """
+import contextlib
 import dataclasses
 import functools
 import json
@@ -98,74 +99,160 @@ def read_buckets(workdir):
   return _read_run(files.as_path(workdir))
 
 
-def load_bucket(workdir, bucket, which="best", run=None):
-  """TrainedBucket of bucket number `bucket` of a `bindjax train` or `bindjax sweep` workdir.
-
-  which: "best" (each replica's parameters at its best held-out object accuracy; the latest ones
-  for a replica the run kept no best for or that has not evaluated yet) or "latest". Reads the
-  bucket's newest checkpoint once. run: `read_buckets(workdir)` when the caller has it already.
-  ValueError naming what is missing or wrong; reads only: never creates files in the workdir.
-  """
+@contextlib.contextmanager
+def _bucket_checkpoint(workdir, bucket, keep_best):
+  """(checkpoints, step, state) of the bucket's newest checkpoint: state is the bucket state's
+  abstract per-layer layout on one device, as that checkpoint holds it. What goes wrong reading
+  it becomes a ValueError naming the workdir (a CorruptCheckpointError for damaged files)."""
   from bindjax import bucket_programs  # pylint: disable=g-import-not-at-top
   from bindjax import checkpoint  # pylint: disable=g-import-not-at-top
   from bindjax import parallel  # pylint: disable=g-import-not-at-top
   from bindjax import results  # pylint: disable=g-import-not-at-top
-  if which not in CHECKPOINTS:
-    raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
-  workdir = files.as_path(workdir)
-  config, _, buckets = run or _read_run(workdir)
-  bucket = buckets[bucket]
-  directory = results.bucket_checkpoint_dir(workdir, bucket.index)
+  directory = bucket.checkpoint_dir(workdir)
   if not _has_steps(directory):
     raise ValueError(f"workdir {workdir}: no checkpoint under {directory} (expected <step>/ "
                      "folders); has the run saved one yet?")
-  keep_best = bool(config.checkpoint.keep_best)
   ckpt = checkpoint.Checkpoints(directory)
   try:
-    padded = int(ckpt.metadata().get("padded_replicas", len(bucket.replicas)))
+    step = ckpt.latest_step()
+    padded = int(ckpt.metadata(step).get("padded_replicas", len(bucket.replicas)))
     inputs, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), padded)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.eval_shape(
         lambda h: bucket_programs.init_bucket_state(h, bucket.spec, keep_best), inputs)
-    _, state, _ = bucket_programs.restore_state(ckpt.restore, abstract, device)
+    yield ckpt, step, bucket_programs.checkpoint_target(abstract, _device())
   except checkpoint.CorruptCheckpointError as e:
-    raise ValueError(f"workdir {workdir}: {e}") from None
+    raise checkpoint.CorruptCheckpointError(f"workdir {workdir}: {e}") from None
   except Exception as e:  # orbax raises many types for mismatched trees
     raise ValueError(f"workdir {workdir}: the checkpoint in {directory} does not match the models "
                      f"of {results.CONFIG_FILE}: {type(e).__name__}: {e}") from None
   finally:
     ckpt.close()
-  size = len(bucket.replicas)
-  latest = jax.tree.map(lambda x: np.asarray(x)[:size], state["train"].params)
-  steps = np.asarray(state["train"].step)[:size].astype(np.int64)
-  use_best = np.zeros(size, bool)
-  params = latest
-  if which == "best" and keep_best:
-    best_steps = np.asarray(state["best"]["step"])[:size]
-    use_best = best_steps >= 0
-    steps = np.where(use_best, best_steps, steps)
-    params = jax.tree.map(
-        lambda b, l: np.where(use_best.reshape((-1,) + (1,) * (l.ndim - 1)), np.asarray(b)[:size],
-                              l), state["best"]["params"], latest)
+
+
+def _device():
+  return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def _only(state, train=(), best=()):
+  """The bucket state `state` with every leaf `checkpoint.SKIP` (not read) but the fields
+  `train` of its TrainState and `best` of its best-parameters record."""
+  from bindjax import checkpoint  # pylint: disable=g-import-not-at-top
+  skip = jax.tree.map(lambda _: checkpoint.SKIP, state)
+  out = dict(skip, train=skip["train"].replace(**{f: getattr(state["train"], f) for f in train}))
+  if best:
+    out["best"] = dict(skip["best"], **{f: state["best"][f] for f in best})
+  return out
+
+
+def _choice(train_steps, best_steps):
+  """(steps, which replicas take their best parameters) from the replicas' train steps and best
+  steps (-1: none yet; None: the run kept no best parameters)."""
+  steps = np.asarray(train_steps).astype(np.int64)
+  if best_steps is None:
+    return steps, np.zeros(steps.shape, bool)
+  best_steps = np.asarray(best_steps)
+  use_best = best_steps >= 0
+  return np.where(use_best, best_steps, steps), use_best
+
+
+def _trained_bucket(workdir, bucket, params, steps, use_best, positions):
+  """TrainedBucket of the replicas at `positions` of `bucket` (params: their stacked parameters,
+  in the layout the model trains in)."""
   return TrainedBucket(params=params, model=bucket.spec.model, space=bucket.spec.space,
-                       splits=[m.split for m in bucket.members], steps=steps,
+                       splits=[bucket.members[p].split for p in positions], steps=steps,
                        checkpoints=["best" if b else "latest" for b in use_best],
-                       replicas=list(bucket.replicas), workdir=str(workdir))
+                       replicas=[bucket.replicas[p] for p in positions], workdir=str(workdir))
+
+
+def load_bucket(workdir, bucket, which="best", run=None):
+  """TrainedBucket of bucket number `bucket` of a `bindjax train` or `bindjax sweep` workdir.
+
+  which: "best" (each replica's parameters at its best held-out object accuracy; the latest ones
+  for a replica the run kept no best for or that has not evaluated yet) or "latest". Reads the
+  parameters and steps of every replica from the bucket's newest checkpoint, not its optimiser
+  state. run: `read_buckets(workdir)` when the caller has it already. ValueError naming what is
+  missing or wrong; reads only: never creates files in the workdir.
+  """
+  if which not in CHECKPOINTS:
+    raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
+  workdir = files.as_path(workdir)
+  config, _, buckets = run or _read_run(workdir)
+  bucket = buckets[bucket]
+  keep_best = bool(config.checkpoint.keep_best)
+  use_best = which == "best" and keep_best
+  loaded = [_load_part(workdir, part, keep_best, use_best) for part in _parts(workdir, bucket)]
+  params, steps, best = (jax.tree.map(lambda *xs: np.concatenate(xs), *column)
+                         for column in zip(*loaded))
+  return _trained_bucket(workdir, bucket, params, steps, best, range(len(bucket.replicas)))
+
+
+def _parts(workdir, bucket):
+  """The bucket, or the parts of it that a packed sweep trained and checkpointed on their own
+  (docs/training.md, "Lanes"), in order."""
+  from bindjax import results  # pylint: disable=g-import-not-at-top
+  spans = results.bucket_parts(workdir, bucket.index)
+  return [bucket.part(start, stop) for start, stop in spans] if spans else [bucket]
+
+
+def _load_part(workdir, bucket, keep_best, use_best):
+  """(parameters, steps, which take their best parameters) of every replica of a bucket or of a
+  part of one, from its newest checkpoint: the parameters and steps only."""
+  from bindjax import bucket_programs  # pylint: disable=g-import-not-at-top
+  from bindjax import parallel  # pylint: disable=g-import-not-at-top
+  fields = ("params", "step")
+  with _bucket_checkpoint(workdir, bucket, keep_best) as (ckpt, step, state):
+    _, state, _ = ckpt.restore(_only(state, fields, fields if use_best else ()), step=step)
+    params = {"latest": state["train"].params}
+    if use_best:
+      params["best"] = state["best"]["params"]
+    params = parallel.to_host(bucket_programs.from_checkpoint(params, _device()))
+  size = len(bucket.replicas)
+  params = jax.tree.map(lambda x: x[:size], params)
+  steps, best = _choice(np.asarray(state["train"].step)[:size],
+                        np.asarray(state["best"]["step"])[:size] if use_best else None)
+  chosen = params["latest"]
+  if "best" in params:
+    chosen = jax.tree.map(
+        lambda b, l: np.where(best.reshape((-1,) + (1,) * (l.ndim - 1)), b, l),
+        params["best"], chosen)
+  return chosen, steps, best
+
+
+def _load_replica(workdir, config, bucket, position, which):
+  """TrainedModel of the replica at `position` of `bucket`, read alone: the one row of the
+  arrays it needs (`checkpoint.Checkpoints.restore_row`). None when the bucket's newest
+  checkpoint records no row checksums (one written before they were)."""
+  keep_best = bool(config.checkpoint.keep_best)
+  use_best = which == "best" and keep_best
+  with _bucket_checkpoint(workdir, bucket, keep_best) as (ckpt, step, state):
+    read = ckpt.restore_row(_only(state, ("step",), ("step",) if use_best else ()), position,
+                            step=step)
+    if read is None:
+      return None
+    _, row, _ = read
+    steps, use_best = _choice([row["train"].step], [row["best"]["step"]] if use_best else None)
+    fields = _only(state, best=("params",)) if use_best[0] else _only(state, train=("params",))
+    _, row, _ = ckpt.restore_row(fields, position, step=step)
+  params = row["best"]["params"] if use_best[0] else row["train"].params
+  params = jax.tree.map(lambda x: np.asarray(x)[None], models.stack_blocks(params))
+  return _trained_bucket(workdir, bucket, params, steps, use_best, [position]).trained(0)
 
 
 def load_workdir(workdir, which="best", replica=None):
   """TrainedModel of one replica of a `bindjax train` or `bindjax sweep` workdir.
 
   replica: its index in replicas.json; may be omitted when the workdir holds one replica (a
-  `bindjax train` run). which: as in `load_bucket`. ValueError naming what is missing or wrong;
-  reads only: never creates files in the workdir.
+  `bindjax train` run). which: as in `load_bucket`. Reads that replica's row of the parameters
+  it returns and of the steps alone, each verified against the checksum its save recorded for
+  it; a checkpoint written before row checksums were recorded is read as `load_bucket` reads it.
+  ValueError naming what is missing or wrong; reads only: never creates files in the workdir.
   """
   from bindjax import results  # pylint: disable=g-import-not-at-top
   if which not in CHECKPOINTS:
     raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
   workdir = files.as_path(workdir)
   run = _read_run(workdir)
-  _, replicas, buckets = run
+  config, replicas, buckets = run
   if replica is None:
     if len(replicas) != 1:
       raise ValueError(f"workdir {workdir} holds {len(replicas)} replicas: pass --replica=N, "
@@ -175,8 +262,13 @@ def load_workdir(workdir, which="best", replica=None):
     raise ValueError(f"replica={replica}: expected 0..{len(replicas) - 1} (workdir {workdir} "
                      f"holds {len(replicas)} replicas)")
   chosen = replicas[replica]
-  loaded = load_bucket(workdir, chosen.bucket, which, run)
-  return loaded.trained(buckets[chosen.bucket].replicas.index(chosen))
+  bucket = buckets[chosen.bucket]
+  position = bucket.replicas.index(chosen)
+  part = next(p for p in _parts(workdir, bucket) if chosen in p.replicas)
+  trained = _load_replica(workdir, config, part, position - part.start, which)
+  if trained is None:
+    trained = load_bucket(workdir, chosen.bucket, which, run).trained(position)
+  return trained
 
 
 def load_reference(path, values_per_concept=None, split_path=None):

@@ -137,6 +137,19 @@ def bucket_checkpoint_dir(workdir, bucket, members=None):
   return files.as_path(workdir) / CHECKPOINT_DIR / name
 
 
+def bucket_parts(workdir, bucket):
+  """(start, stop) of each part of bucket number `bucket` that has a checkpoint directory in
+  `workdir` (`bucket_checkpoint_dir` with members), in order; [] when it was trained whole."""
+  root = files.as_path(workdir) / CHECKPOINT_DIR
+  prefix = bucket_checkpoint_dir(workdir, bucket).name + "_replicas_"
+  spans = []
+  for path in (root.iterdir() if root.is_dir() else []):
+    first, _, last = path.name[len(prefix):].partition("_to_")
+    if path.name.startswith(prefix) and first.isdigit() and last.isdigit():
+      spans.append((int(first), int(last) + 1))
+  return sorted(spans)
+
+
 def sweep_order(rows):
   """`rows` in the order results.jsonl holds them: by bucket, step and replica, whichever
   parts of a bucket they were trained in (a bucket's rows come per step, in replica order)."""

@@ -2,8 +2,10 @@
 
 Semantics: docs/extraction.md.
 """
+import dataclasses
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -11,13 +13,20 @@ import jax
 import numpy as np
 import pytest
 
+from bindjax import bucket_programs
+from bindjax import checkpoint
 from bindjax import cli
 from bindjax import embeddings
 from bindjax import extract
 from bindjax import models
+from bindjax import parallel
+from bindjax import results
+from bindjax import sweep
 from bindjax import world
 from bindjax.commands import extract as extract_command
 from bindjax.geometry import interventions
+import test_checkpoint
+import test_sweep
 
 SPACE = world.ObjectSpace((3, 2), 2)      # unequal V_c: concept-token offsets matter
 TINY = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, d_out=8)
@@ -221,3 +230,166 @@ def test_train_extract_complexity_end_to_end(tmp_path, monkeypatch):
   (changed / "config.json").write_text(json.dumps(config))
   with pytest.raises(ValueError, match="does not match|cannot be read"):
     extract.load_workdir(changed)
+
+
+# ------------------------------------------------------------------------------------------------
+# One replica of a sweep bucket: its row of the parameters it returns, nothing else.
+
+
+@pytest.fixture(scope="module")
+def sweep_workdir(tmp_path_factory):
+  """test_sweep's tiny sweep: 12 replicas in one bucket (16 rows once padded), half of them
+  diverged (no best parameters), the others with best parameters from step 3 or 6."""
+  workdir = tmp_path_factory.mktemp("extract_sweep") / "run"
+  sweep.run_sweep(test_sweep.tiny_config(), workdir, progress=False, log=lambda _: None)
+  return workdir
+
+
+def _step_dir(workdir):
+  """The folder of the bucket's newest checkpoint."""
+  directory = results.bucket_checkpoint_dir(workdir, 0)
+  return directory / str(max(int(p.name) for p in directory.iterdir()))
+
+
+def _abstract_state(workdir, ckpt):
+  """(bucket, its abstract state as the sweep trains it, one device)."""
+  _, _, (bucket,) = extract.read_buckets(workdir)
+  inputs, _ = parallel.pad_to_multiple(bucket.stacked_inputs(),
+                                       ckpt.metadata()["padded_replicas"])
+  abstract = jax.eval_shape(
+      lambda h: bucket_programs.init_bucket_state(h, bucket.spec, True), inputs)
+  return bucket, abstract, jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def _whole_restore(workdir):
+  """(bucket, state): the bucket's newest checkpoint restored whole, optimiser state and all
+  replicas included, onto one device (how extraction read it before reading one row)."""
+  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+    bucket, abstract, device = _abstract_state(workdir, ckpt)
+    _, state, _ = bucket_programs.restore_state(ckpt.restore, abstract, device)
+  return bucket, parallel.to_host(state)
+
+
+def _expected(state, k, which):
+  """(step, "best" or "latest", parameters) of replica k from the whole state."""
+  best_step = int(state["best"]["step"][k])
+  if which == "best" and best_step >= 0:
+    return best_step, "best", jax.tree.map(lambda x: x[k], state["best"]["params"])
+  return (int(state["train"].step[k]), "latest",
+          jax.tree.map(lambda x: x[k], state["train"].params))
+
+
+def _assert_identical(got, expected):
+  def same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+  jax.tree.map(same, jax.tree.map(np.asarray, got), expected)
+
+
+@pytest.mark.slow
+def test_one_replica_read_is_bit_identical_to_the_whole_restore(sweep_workdir, monkeypatch):
+  bucket, state = _whole_restore(sweep_workdir)
+  assert [r.index for r in bucket.replicas] == list(range(12))
+  # The replica's own row is all that is read: never the bucket.
+  monkeypatch.setattr(extract, "load_bucket", None)
+  kinds = set()
+  for which in extract.CHECKPOINTS:
+    for k in range(12):
+      trained = extract.load_workdir(sweep_workdir, which, replica=k)
+      step, kind, params = _expected(state, k, which)
+      assert (trained.step, trained.source["checkpoint"]) == (step, kind), (which, k)
+      _assert_identical(trained.params, params)
+      kinds.add((which, kind))
+      got = extract.extract(trained, "all")
+      expected = extract.extract(dataclasses.replace(trained, params=params), "all")
+      assert got.embeddings.tobytes() == expected.embeddings.tobytes()
+      for name in expected.probes:
+        assert got.probes[name].tobytes() == expected.probes[name].tobytes()
+  assert kinds == {("best", "best"), ("best", "latest"), ("latest", "latest")}
+
+
+@pytest.mark.slow
+def test_one_replica_read_reads_no_optimiser_state_and_no_other_replica(sweep_workdir, tmp_path):
+  _, state = _whole_restore(sweep_workdir)
+  k = 4                                  # best parameters from step 3 (earlier than the latest)
+  assert 0 <= state["best"]["step"][k] < state["train"].step[k]
+  expected = {which: extract.load_workdir(sweep_workdir, which, replica=k)
+              for which in extract.CHECKPOINTS}
+  # The parameters alone (every replica): the optimiser state's chunks gone, the bucket still
+  # loads for `bindjax binding`, while the whole restore cannot.
+  no_moments = tmp_path / "no_moments"
+  shutil.copytree(sweep_workdir, no_moments)
+  assert test_checkpoint.delete_chunks(
+      _step_dir(no_moments) / "state", lambda name, _: ".opt_state." in name) > 0
+  bucket = extract.load_bucket(no_moments, 0, "best")
+  _assert_identical(bucket.trained(k).params, jax.tree.map(np.asarray, expected["best"].params))
+  with pytest.raises(checkpoint.CorruptCheckpointError, match="cannot be read"):
+    _whole_restore(no_moments)
+  # One replica: every chunk gone but row k of the parameters and steps (no optimiser state,
+  # no other replica's row), and it still extracts, bit for bit.
+  one_row = tmp_path / "one_row"
+  shutil.copytree(sweep_workdir, one_row)
+  kept = (".params.", ".step")
+  assert test_checkpoint.delete_chunks(
+      _step_dir(one_row) / "state",
+      lambda name, chunk: chunk[0] != k or not any(part in name for part in kept)
+      or ".opt_state." in name) > 0
+  for which in extract.CHECKPOINTS:
+    trained = extract.load_workdir(one_row, which, replica=k)
+    assert trained.step == expected[which].step
+    _assert_identical(trained.params, jax.tree.map(np.asarray, expected[which].params))
+  with pytest.raises(ValueError, match="cannot be read"):
+    extract.load_workdir(one_row, "best", replica=k + 1)
+  with pytest.raises(ValueError, match="cannot be read"):
+    extract.load_bucket(one_row, 0, "best")
+
+
+@pytest.mark.slow
+def test_a_damaged_row_of_the_replica_is_refused(sweep_workdir, tmp_path):
+  damaged = tmp_path / "damaged"
+  shutil.copytree(sweep_workdir, damaged)
+  k = 4
+  assert extract.load_workdir(sweep_workdir, "best", replica=k).source["checkpoint"] == "best"
+  name = "best.params.scene_tower.proj.kernel"
+  test_checkpoint.flip_bit(_step_dir(damaged) / "state", name, k)
+  with pytest.raises(checkpoint.CorruptCheckpointError,
+                     match=rf"^workdir {re.escape(str(damaged))}: checkpoint "
+                           rf"{re.escape(str(_step_dir(damaged)))}: row {k} of "
+                           r"array \['best'\]\['params'\]\['scene_tower'\]\['proj'\]"
+                           r"\['kernel'\] does not match the checksum recorded when it was saved "
+                           r"\(corrupt data\)$"):
+    extract.load_workdir(damaged, "best", replica=k)
+  # The latest parameters of k, and every other replica, are untouched and still extract.
+  extract.load_workdir(damaged, "latest", replica=k)
+  extract.load_workdir(damaged, "best", replica=k + 1)
+  with pytest.raises(SystemExit) as e:
+    extract_command.main(["bindjax extract", f"--workdir={damaged}", f"--replica={k}",
+                          f"--out={tmp_path / 'out'}"])
+  assert e.value.code == 1
+
+
+@pytest.mark.slow
+def test_a_checkpoint_without_row_checksums_extracts_through_the_whole_restore(sweep_workdir,
+                                                                                tmp_path):
+  old = tmp_path / "old"
+  shutil.copytree(sweep_workdir, old)
+  directory = results.bucket_checkpoint_dir(old, 0)
+  with checkpoint.Checkpoints(directory) as ckpt:
+    _, abstract, device = _abstract_state(old, ckpt)
+    step, state, metadata = ckpt.restore(bucket_programs.checkpoint_target(abstract, device))
+  shutil.rmtree(directory)
+  test_checkpoint.save_without_row_checksums(directory, step, state, metadata)
+  with checkpoint.Checkpoints(directory) as ckpt:
+    assert ckpt.restore_row(checkpoint.abstract_target(state), 0) is None
+  for which in extract.CHECKPOINTS:
+    for k in (0, 4, 7):
+      expected = extract.load_workdir(sweep_workdir, which, replica=k)
+      trained = extract.load_workdir(old, which, replica=k)
+      assert (trained.step, trained.source) == (expected.step, dict(expected.source,
+                                                                    workdir=str(old)))
+      _assert_identical(trained.params, jax.tree.map(np.asarray, expected.params))
+  # Verified as before: a flipped bit anywhere in an array it reads is refused.
+  test_checkpoint.flip_bit(_step_dir(old) / "state", "train.params.query_tower.proj.kernel", 9)
+  with pytest.raises(checkpoint.CorruptCheckpointError,
+                     match=r"array \['train'\].params\['query_tower'\]\['proj'\]\['kernel'\] "
+                           "does not match the checksum"):
+    extract.load_workdir(old, "latest", replica=0)

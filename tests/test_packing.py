@@ -5,6 +5,7 @@ import shutil
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from bindjax import errors
@@ -178,3 +179,22 @@ def test_a_workdir_from_before_packing_resumes_its_whole_buckets(in_turn_and_pac
   assert "1 lane of 2 devices" in messages[0]
   assert "bucket 2: resumed from the checkpoint at step 4" in messages
   assert files.read_jsonl(os.path.join(workdir, results.RESULTS_FILE)) == rows
+
+
+def test_extract_reads_a_replica_from_the_part_that_trained_it(in_turn_and_packed):
+  """Bucket 1 trained as parts [0, 2) and [2, 3): each replica, and the bucket whole, read from
+  the packed workdir as from the sweep in turn."""
+  from bindjax import extract  # pylint: disable=g-import-not-at-top
+  turn, packed = in_turn_and_packed["none"][0], in_turn_and_packed["auto"][0]
+  for replica in (3, 4, 5):
+    a = extract.load_workdir(packed, replica=replica)
+    b = extract.load_workdir(turn, replica=replica)
+    assert a.step == b.step
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+      np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+  whole = extract.load_bucket(packed, 1)
+  assert [r.index for r in whole.replicas] == [3, 4, 5]
+  for i, replica in enumerate((3, 4, 5)):
+    one = extract.load_workdir(packed, replica=replica)
+    for x, y in zip(jax.tree.leaves(whole.trained(i).params), jax.tree.leaves(one.params)):
+      np.testing.assert_array_equal(x, y)

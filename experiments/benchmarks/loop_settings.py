@@ -96,13 +96,7 @@ def main():
     lines.append(f"| {name} | {run['num_steps']} | {run['every']} | {run['log_every']} | "
                  f"{run['warmup']} | {process[name]} | "
                  + " | ".join(f"{sides[s][name]:.1f}" for s in sides) + " |")
-  text = "\n".join(lines) + "\n"
-  print(text)
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out + ".json", "w") as f:
-    json.dump(result, f, indent=2)
-  with open(args.out + ".md", "w") as f:
-    f.write(text)
+  repeats.write_table(args.out, result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
