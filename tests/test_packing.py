@@ -198,3 +198,33 @@ def test_extract_reads_a_replica_from_the_part_that_trained_it(in_turn_and_packe
     one = extract.load_workdir(packed, replica=replica)
     for x, y in zip(jax.tree.leaves(whole.trained(i).params), jax.tree.leaves(one.params)):
       np.testing.assert_array_equal(x, y)
+
+
+def _two_spaces():
+  """tiny_config's model at |O| = 9 and 16, one replica each: on 2 processes × 2 devices, in
+  turn one device in four trains; packed, two lanes (one device of each process)."""
+  c = _three_buckets()
+  c.grid.spaces = ((2, 3), (2, 4))
+  c.grid.seeds = (0,)
+  return c
+
+
+def get_config(arg=None):
+  """Lets subprocesses use this file as --config."""
+  del arg
+  return _two_spaces()
+
+
+@pytest.mark.slow
+def test_two_processes_run_lanes_that_span_both(tmp_path):
+  """Both processes issue every lane's programs in the same order; rows as on one process."""
+  one = str(tmp_path / "one")
+  sweep.run_sweep(_two_spaces(), one, progress=False, log=lambda *_: None,
+                  devices=jax.devices()[:4])
+  workdir = str(tmp_path / "two")
+  codes, outputs = test_sweep.run_two_processes(os.path.abspath(__file__), workdir, timeout=600)
+  assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+  assert "2 lanes of 2 devices (1 per replica), 2 parts," in outputs[0]
+  test_sweep._assert_rows_close(  # pylint: disable=protected-access
+      files.read_jsonl(os.path.join(workdir, results.RESULTS_FILE)),
+      files.read_jsonl(os.path.join(one, results.RESULTS_FILE)))

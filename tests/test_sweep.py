@@ -411,28 +411,34 @@ def _free_port():
     return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_processes_equal_one(reference, tmp_path):
-  """Two processes × 2 devices joined by jax.distributed on 127.0.0.1, via `bindjax sweep`."""
-  _, _, rows = reference
-  workdir = str(tmp_path / "two")
+def run_two_processes(config_path, workdir, timeout=300):
+  """`bindjax sweep --config=config_path` in 2 processes × 2 devices joined by jax.distributed on
+  127.0.0.1; returns (exit codes, outputs)."""
   port = _free_port()
   procs = [subprocess.Popen(
-      [sys.executable, "-m", "bindjax.cli", "sweep",
-       f"--config={os.path.join(REPO, 'tests', 'test_sweep.py')}", f"--workdir={workdir}",
-       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
-       "--noprogress", "--noreport"],
+      [sys.executable, "-m", "bindjax.cli", "sweep", f"--config={config_path}",
+       f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+       f"--process_id={i}", "--noprogress", "--noreport"],
       env=_env(2), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       for i in range(2)]
   outputs = []
   try:
     for proc in procs:
-      outputs.append(proc.communicate(timeout=300)[0])
+      outputs.append(proc.communicate(timeout=timeout)[0])
   finally:
     for proc in procs:
       if proc.poll() is None:
         proc.kill()
-  assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+  return [p.returncode for p in procs], outputs
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(reference, tmp_path):
+  """Two processes × 2 devices joined by jax.distributed on 127.0.0.1, via `bindjax sweep`."""
+  _, _, rows = reference
+  workdir = str(tmp_path / "two")
+  codes, outputs = run_two_processes(os.path.join(REPO, "tests", "test_sweep.py"), workdir)
+  assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
   assert "on 4 devices (2 processes)" in outputs[0]
   _assert_rows_close(_rows(workdir), rows)
 
