@@ -301,3 +301,18 @@ def test_points_with_at_most_k_held_out_objects_are_drawn_but_not_fitted(tmp_pat
 def _write_and_return(workdir, rows):
   _write(str(workdir), rows)
   return str(workdir)
+
+
+def test_a_long_title_stays_inside_the_scaling_law_figure(monkeypatch):
+  from bindjax.plots import phase_transition  # pylint: disable=g-import-not-at-top
+  drawn = []
+  monkeypatch.setattr(phase_transition, "_save", lambda fig, *_: drawn.append(fig) or [])
+  critical = [{results.NUM_CONCEPTS: 2, results.SPACE_SIZE: n, "rho_star": rho,
+               "interval": (rho - 0.05, rho + 0.05)} for n, rho in ((100, 0.81), (196, 0.58))]
+  names = " + ".join(f"scaling_law/cpu_{n}" for n in (100, 125, 144, 196))
+  phase_transition.plot_scaling_law(critical, None, "unused",
+                                    title=f"{names}: |O| = 100, 125, 144, 196; final step")
+  (fig,) = drawn
+  fig.canvas.draw()
+  box = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+  assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox)

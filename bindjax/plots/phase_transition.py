@@ -3,6 +3,8 @@ scaling-law figure (critical coverage vs |O|).
 
 Metric definitions: docs/objectives.md ("set-separation accuracy", "binding").
 """
+import textwrap
+
 import numpy as np
 
 import matplotlib
@@ -22,6 +24,9 @@ PANELS = (
     (results.binding(results.TRAIN), "training objects: binding score"),
     (results.object_accuracy(results.HELDOUT, 1), "held-out objects: accuracy, 1-object scenes"),
 )
+
+
+TITLE_WIDTH = 60  # characters of a 9-point title across the scaling-law figure
 
 
 def _save(fig, path_stem, formats):
@@ -112,5 +117,6 @@ def plot_scaling_law(critical, laws, path_stem, title=None, formats=("png", "pdf
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   if title:
-    ax.set_title(title, fontsize=9)
+    # The figure is narrow: a report of several sweeps names them all, so wrap rather than crop.
+    ax.set_title(textwrap.fill(title, width=TITLE_WIDTH), fontsize=9)
   return _save(fig, path_stem, formats)
