@@ -48,3 +48,19 @@ def test_learning_time_law_recovers_a_planted_power_and_checks_the_sizes_left_ou
                          "table": [], "laws": laws})
   assert "not reached by step 40,000, which is consistent with it" in text
   assert "not reached by step 60,000, which contradicts it" in text
+
+
+def test_preset_wall_time_pays_start_and_end_once_and_steps_at_the_window_rate(tmp_path,
+                                                                              monkeypatch):
+  """A planted run (40 s before the first rows, 0.25 s a step, 9 s after the last rows) splits
+  back into its parts; the newest complete row is read past a half-written one."""
+  monkeypatch.syspath_prepend(os.path.join(REPO, "experiments", "benchmarks"))  # its `repeats`
+  bench = _benchmark("preset_wall_time")
+  seen = {step: 40 + 0.25 * (step - 100) for step in range(100, 1100, 100)}
+  wall = seen[1000] + 0.25 * 100 + 9
+  before, per_step, after = bench.split_run(seen, wall, 100, 1000)
+  assert (before, per_step, after) == (40, 0.25, 34)
+  results = tmp_path / "results.jsonl"
+  results.write_text('{"step": 100}\n{"step": 200}\n{"step": 3')
+  assert bench.newest_step(str(results)) == 200
+  assert bench.newest_step(str(tmp_path / "missing.jsonl")) == 0
