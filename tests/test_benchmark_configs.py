@@ -60,6 +60,9 @@ def test_preset_wall_time_pays_start_and_end_once_and_steps_at_the_window_rate(t
   wall = seen[1000] + 0.25 * 100 + 9
   before, per_step, after = bench.split_run(seen, wall, 100, 1000)
   assert (before, per_step, after) == (40, 0.25, 34)
+  # The planted run of 1,100 steps, and one of 10,000 at the same rate and fixed costs.
+  assert bench.full_run_estimate(before, per_step, after, 1100 - 1000 + 100, 1100) == wall
+  assert bench.full_run_estimate(before, per_step, after, 200, 10000) == 40 + 0.25 * 9800 + 9 + 25
   results = tmp_path / "results.jsonl"
   results.write_text('{"step": 100}\n{"step": 200}\n{"step": 3')
   assert bench.newest_step(str(results)) == 200

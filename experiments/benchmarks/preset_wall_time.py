@@ -17,7 +17,7 @@ ends). The run splits into three parts:
 
 The first and last are paid once, so the full sweep's estimate is
 
-    before + (num_steps - log_every) / window rate + after.
+    before + (num_steps - 2 x log_every) / window rate + after.
 
 With the presets' cadence (rows every 100 steps, evaluation every 500, checkpoint every 1,000),
 the default --steps=1100 makes the window steps 100-1,000: 900 steps with two evaluations and
@@ -95,6 +95,12 @@ def split_run(seen, wall, first, last):
   return seen[first], (seen[last] - seen[first]) / (last - first), wall - seen[last]
 
 
+def full_run_estimate(before, per_step, after, steps_outside, num_steps):
+  """Seconds of a `num_steps` run: the parts paid once (`before` and `after`, which hold
+  `steps_outside` steps between them) and every other step at `per_step`."""
+  return before + per_step * (num_steps - steps_outside) + after
+
+
 def measure(preset, steps, workdir, tree=REPO):
   """Runs `steps` steps of the preset's sweep with the code and presets of `tree`; returns its
   timings and the full-run estimate."""
@@ -126,7 +132,8 @@ def measure(preset, steps, workdir, tree=REPO):
       "compile_s": done["compile_seconds"], "before_s": before, "after_s": after,
       "window_steps": [first, last], "per_step_s": per_step,
       "replica_steps_per_s": len(replicas) / per_step,
-      "estimated_full_s": before + per_step * (config.num_steps - first) + after,
+      "estimated_full_s": full_run_estimate(before, per_step, after, steps - last + first,
+                                            config.num_steps),
       "load_before": load_before, "load_after": load_after,
   }
 
