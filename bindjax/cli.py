@@ -19,6 +19,11 @@ COMMANDS = {
     "binding": "binding",
 }
 
+# Commands that resume where a killed run stopped; the others start again.
+RESUMABLE = ("train", "sweep")
+# The exit status of a command stopped by Ctrl-C (SIGINT), as shells report it: 128 + 2.
+INTERRUPTED = 130
+
 _USAGE = """usage: bindjax <command> [--flags]
 
 commands:
@@ -59,6 +64,20 @@ def main(argv=None):
     # Bad input like any other: refused before anything from the file ran or was written.
     print(f"bindjax {name}: {e}", file=sys.stderr)
     return 1
+  except KeyboardInterrupt:
+    # The run's own cleanup (rows flushed, checkpoints closed) has run on the way out.
+    print(f"bindjax {name}: {interrupted_line(name)}", file=sys.stderr)
+    return INTERRUPTED
+
+
+def interrupted_line(name):
+  """What `bindjax NAME` stopped by Ctrl-C says: how far it got and how to go on."""
+  from bindjax import progress  # pylint: disable=g-import-not-at-top
+  where = progress.position()
+  at = "interrupted" if where is None else "interrupted at {2} {0:,} of {1:,}".format(*where)
+  if name in RESUMABLE:
+    return f"{at}; run the same command to resume"
+  return f"{at}; run the same command with --overwrite to start again"
 
 
 def _one_line_warning(prog, show_others):

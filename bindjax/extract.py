@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 
 from bindjax import embeddings
+from bindjax import errors
 from bindjax import files
 from bindjax import models
 from bindjax import world
@@ -245,22 +246,24 @@ def load_workdir(workdir, which="best", replica=None):
   `bindjax train` run). which: as in `load_bucket`. Reads that replica's row of the parameters
   it returns and of the steps alone, each verified against the checksum its save recorded for
   it; a checkpoint written before row checksums were recorded is read as `load_bucket` reads it.
-  ValueError naming what is missing or wrong; reads only: never creates files in the workdir.
+  ValueError naming what is missing or wrong (errors.ConfigError for a `which` or `replica` the
+  workdir cannot serve); reads only: never creates files in the workdir.
   """
   from bindjax import results  # pylint: disable=g-import-not-at-top
   if which not in CHECKPOINTS:
-    raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
+    raise errors.ConfigError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
   workdir = files.as_path(workdir)
   run = _read_run(workdir)
   config, replicas, buckets = run
   if replica is None:
     if len(replicas) != 1:
-      raise ValueError(f"workdir {workdir} holds {len(replicas)} replicas: pass --replica=N, "
-                       f"N in 0..{len(replicas) - 1} ({results.REPLICAS_FILE} lists them)")
+      raise errors.ConfigError(
+          f"workdir {workdir} holds {len(replicas)} replicas: pass --replica=N, N in "
+          f"0..{len(replicas) - 1} ({results.REPLICAS_FILE} lists them)")
     replica = 0
   if not 0 <= replica < len(replicas):
-    raise ValueError(f"replica={replica}: expected 0..{len(replicas) - 1} (workdir {workdir} "
-                     f"holds {len(replicas)} replicas)")
+    raise errors.ConfigError(f"replica={replica}: expected 0..{len(replicas) - 1} (workdir "
+                             f"{workdir} holds {len(replicas)} replicas)")
   chosen = replicas[replica]
   bucket = buckets[chosen.bucket]
   position = bucket.replicas.index(chosen)

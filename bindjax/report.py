@@ -528,8 +528,8 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
     laws = scaling_law_intervals(fitted, laws, num_draws)
   out_dir = files.as_path(out_dir or workdirs[0] / results.REPORT_DIR)
   out_dir.mkdir(parents=True, exist_ok=True)
-  files.record_outputs(out_dir, [f"{name}.{f}" for name in ("phase_transition", "scaling_law")
-                                 for f in formats] + [
+  drawn = ("phase_transition", "scaling_law") if len(fitted) >= 2 else ("phase_transition",)
+  files.record_outputs(out_dir, [f"{name}.{f}" for name in drawn for f in formats] + [
       "critical_coverage.json", "critical_coverage.md", "points.json"])
   sizes = ", ".join(f"{n:,}" for n in sorted({s["space_size"] for s in series}))
   names = " + ".join(w.name for w in workdirs)

@@ -23,7 +23,6 @@ stops there.
 """
 import dataclasses
 import functools
-import sys
 import time
 
 import jax
@@ -36,13 +35,15 @@ from bindjax import files
 from bindjax import grid
 from bindjax import packing
 from bindjax import parallel
+from bindjax import progress as progress_lib
 from bindjax import results
 from bindjax import results_writer
 from bindjax import train
 from bindjax import workdir_checks
 
 
-def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, devices=None):
+def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, devices=None,
+              name="sweep"):
   """Runs (or resumes) the sweep of `config` in `workdir`; returns the done-file summary.
 
   `workdir` is any `etils.epath` path: local, or gs:// and the other stores epath serves
@@ -54,7 +55,7 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
   workdir this run may not use (a different config, files that are not a bindjax run);
   ValueError for damaged data it cannot repair; OSError for the environment (a workdir held by
   a live run or not writable, a full disk). devices: the devices to train on (default all,
-  over every process), laid out in lanes by `bindjax.packing`.
+  over every process), laid out in lanes by `bindjax.packing`. name: what the log calls the run.
   """
   with errors.config_errors():
     replicas, buckets = grid.expand_grid(config)
@@ -66,7 +67,7 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
   workdir_checks.check_path(workdir)
   with workdir_checks.ownership(workdir, log):
     return _run_owned(config, workdir, replicas, buckets, devices, overwrite=overwrite,
-                      progress=progress, log=log)
+                      progress=progress, log=log, name=name)
 
 
 def _plan(config, workdir, buckets, devices):
@@ -93,9 +94,12 @@ def _plan(config, workdir, buckets, devices):
       "--overwrite")
 
 
-def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progress, log):
-  from tqdm import tqdm
+def _count(n, noun):
+  """"1 replica", "12 replicas", "2 processes"."""
+  return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("s") else "s")
 
+
+def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progress, log, name):
   writer = parallel.is_writer()
   config_json = results.config_json(config)
   done_path = workdir / results.DONE_FILE
@@ -133,8 +137,9 @@ def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progre
                fast_compile=bool(settings.fast_compile),
                checkpoint_every=int(config.checkpoint.every), log_every=int(config.log_every))
   try:
-    log(f"sweep: {len(replicas)} replicas in {len(buckets)} buckets on {len(devices)} "
-        f"devices ({jax.process_count()} processes); {plan.describe()}")
+    log(f"{name}: {_count(len(replicas), 'replica')} in {_count(len(buckets), 'bucket')} on "
+        f"{_count(len(devices), 'device')} ({_count(jax.process_count(), 'process')}); "
+        f"{plan.describe()}")
     # Every restore (state and rows, checksums verified) succeeds before anything is rewritten.
     latest = {p.key: managers[p.key].verified_metadata(log) for p in parts}
     restored = {}
@@ -149,9 +154,7 @@ def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progre
                                      else restored[p.key][0]) for p in parts)
     if initial:
       log(f"resuming at {initial:,} of {total:,} replica-steps")
-    loop.bar = tqdm(total=total, initial=initial, unit="replica-step", unit_scale=True,
-                    dynamic_ncols=True, disable=not (progress and writer), file=sys.stderr,
-                    mininterval=1.0)
+    loop.bar = progress_lib.bar(total, "replica-step", progress and writer, initial)
     rows.publish()
 
     def lane_work(mesh, lane_parts):
@@ -216,7 +219,7 @@ def run_single(config, workdir, *, overwrite=False, progress=True, log=print):
   """
   with errors.config_errors():
     config = grid.single_run_config(config)
-  run_sweep(config, workdir, overwrite=overwrite, progress=progress, log=log)
+  run_sweep(config, workdir, overwrite=overwrite, progress=progress, log=log, name="train")
   rows = results.read_rows(workdir)
   final = [r for r in results.select_evaluations(rows, "final") if r[results.KIND] == "eval"]
   out = dict(final[0]) if final else {results.STEP: 0}

@@ -102,6 +102,43 @@ def _flip(path, offsets, mask=0xFF):
 
 
 # --------------------------------------------------------------------------------------------
+# Ctrl-C
+
+# `bindjax sweep` on the tiny sweep that sends itself SIGINT (Ctrl-C) right after its first
+# checkpoint save, mid-run.
+_INTERRUPT = textwrap.dedent("""
+    import os, signal, sys
+    from bindjax import checkpoint, cli
+    save = checkpoint.Checkpoints.save
+    def interrupted(self, step, state, metadata=None):
+      save(self, step, state, metadata)
+      os.kill(os.getpid(), signal.SIGINT)
+    checkpoint.Checkpoints.save = interrupted
+    sys.exit(cli.main(sys.argv[1:]))
+    """)
+
+
+def test_ctrl_c_says_one_line_exits_130_and_the_same_command_resumes(reference, tmp_path,
+                                                                      capsys, monkeypatch):
+  workdir = str(tmp_path / "interrupted")
+  argv = ["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress"]
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
+  proc = subprocess.run([sys.executable, "-c", _INTERRUPT, *argv], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=900)
+  err = proc.stderr.splitlines()
+  assert proc.returncode == cli.INTERRUPTED == 130, proc.stderr[-3000:]
+  replicas, _ = grid.expand_grid(test_sweep.tiny_config())
+  # Stopped inside the save of step 2, before the bar counted it: step 1 of every replica done.
+  assert err == [f"bindjax sweep: interrupted at replica-step {len(replicas)} of "
+                 f"{len(replicas) * test_sweep.NUM_STEPS}; run the same command to resume"], err
+  assert not os.path.exists(os.path.join(workdir, results.DONE_FILE))
+  code, _, err = _cli(argv, capsys, monkeypatch)
+  assert code == 0 and not err, err
+  assert _text(workdir, results.RESULTS_FILE) == reference[1]
+
+
+# --------------------------------------------------------------------------------------------
 # One owner per workdir
 
 

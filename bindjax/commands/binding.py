@@ -31,6 +31,11 @@ from bindjax import results
 from bindjax.commands import flags as flags_lib
 
 
+def _default_config():
+  from bindjax.complexity import replicas  # pylint: disable=g-import-not-at-top
+  return replicas.default_config()
+
+
 def main(argv):
   """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
   fv = flags_lib.new_flag_values(with_workdir=False,
@@ -43,7 +48,8 @@ def main(argv):
   flags.DEFINE_string("out", None, "output directory (default WORKDIR/binding)", flag_values=fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
   flags_lib.define_overwrite(fv)
-  flags_lib.parse(fv, argv, required=("workdir", "config"), description=__doc__)
+  flags_lib.parse(fv, argv, required=("workdir", "config"), description=__doc__,
+                  default_config=_default_config)
   prog, workdir = argv[0], fv["workdir"].value
   out = fv["out"].value or os.fspath(epath.Path(workdir) / "binding")
   flags_lib.check_output_dir(prog, "out", out, fv["overwrite"].value)

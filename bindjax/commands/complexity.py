@@ -1,4 +1,4 @@
-"""`bindjax complexity --config=experiments/complexity.py:ARG --workdir=DIR`.
+"""`bindjax complexity --config=experiments/complexity.py:ARG --embeddings=SET --workdir=DIR`.
 
 Binding-function complexity (docs/complexity.md): which function families of a scene's concept
 values reproduce its embedding on objects never seen in training. For every approximator, train
@@ -9,6 +9,9 @@ spread over seeds per model and fraction), DIR/results.json (everything, with hi
 DIR/complexity.png. With description_length=True, also the prequential code length of every
 model and seed (bits per scene, docs/complexity.md "Description length") in
 DIR/description_length.json and .csv.
+
+--embeddings=SET names the embedding set as in `probe`, `decompose` and `mds`; without it the
+config's `embeddings` field does (a preset's default set).
 
 Config fields (--config.FIELD=VALUE): embeddings (set directory); models (comma list:
 mlp:W1xW2.., additive, product, product:W, sum_product, sum_product:W, per_object_product,
@@ -29,23 +32,39 @@ non-empty DIR is refused unless --overwrite.
 In the original code: "sum+product" is sum_product; it reports one run and the final
 evaluation, which results.csv has as final_* beside the best over evaluations (best_*).
 """
+import dataclasses
+
 from absl import flags
 
 from bindjax import compilation_cache
 from bindjax.commands import flags as flags_lib
 
 
+def _default_config():
+  from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
+  return analysis.default_config()
+
+
 def main(argv):
   """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
-  fv = flags_lib.new_flag_values(config_help="complexity config (experiments/complexity.py:ARG)")
+  fv = flags_lib.new_flag_values(config_help="complexity config (experiments/complexity.py:ARG)",
+                                 workdir_help="output directory (results, summary, figure)")
+  flags.DEFINE_string("embeddings", None, "embedding set directory (native, original layout or "
+                      "TFDS); default: the config's embeddings field", flag_values=fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
   flags_lib.define_overwrite(fv)
-  flags_lib.parse(fv, argv, required=("config", "workdir"), description=__doc__)
+  flags_lib.parse(fv, argv, required=("config", "workdir"), description=__doc__,
+                  default_config=_default_config)
   prog, workdir = argv[0], fv["workdir"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
   from bindjax.complexity import analysis  # pylint: disable=g-import-not-at-top
   with flags_lib.usage_errors(prog):
     settings = analysis.settings_from(fv["config"].value)
+    if fv["embeddings"].value is not None:
+      if any(a.startswith("--config.embeddings=") for a in argv):
+        raise ValueError("--embeddings and --config.embeddings both name the embedding set; "
+                         "expected one of them")
+      settings = dataclasses.replace(settings, embeddings=fv["embeddings"].value)
   compilation_cache.enable()
   with flags_lib.run_errors(prog):
     analysis.run(settings, workdir, progress=fv["progress"].value)

@@ -17,7 +17,9 @@ from bindjax.commands import flags as flags_lib
 
 def main(argv):
   """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
-  fv = flags_lib.new_flag_values(with_config=False)
+  fv = flags_lib.new_flag_values(
+      with_config=False, workdir_help="the `bindjax train` or `bindjax sweep` workdir to read "
+      "(instead of --checkpoint)")
   flags.DEFINE_enum("objects", "all", ["all", "train", "held-out"], "objects whose ordered pairs "
                     "are embedded", flag_values=fv)
   flags.DEFINE_enum("which", "best", ["best", "latest"], "parameters of a bindjax workdir: "
@@ -37,7 +39,7 @@ def main(argv):
   flags.DEFINE_integer("batch_size", 4096, "scenes per tower call", lower_bound=1,
                        flag_values=fv)
   flags_lib.define_overwrite(fv)
-  flags_lib.parse(fv, argv)
+  flags_lib.parse(fv, argv, description=__doc__)
   prog = argv[0]
   workdir, checkpoint = fv["workdir"].value, fv["checkpoint"].value
   if (workdir is None) == (checkpoint is None):
@@ -58,7 +60,7 @@ def main(argv):
     except ValueError:
       raise ValueError(f"--values_per_concept={','.join(values)}: expected integers") from None
   from bindjax import extract  # pylint: disable=g-import-not-at-top
-  with flags_lib.input_errors(prog):
+  with flags_lib.run_errors(prog):   # a missing or out-of-range --replica is a usage error
     if workdir is not None:
       trained = extract.load_workdir(workdir, fv["which"].value, fv["replica"].value)
     else:
@@ -71,5 +73,12 @@ def main(argv):
   embedding_set.save(out, overwrite=True)
   print(f"{out}: {embedding_set.num_scenes} scenes x {embedding_set.dim} dims from "
         f"{len(embedding_set.provenance['object_ids'])} objects ({fv['objects'].value}), "
-        f"step {trained.step}; probes {sorted(embedding_set.probes)}")
+        f"{_parameters(trained)}; probes {sorted(embedding_set.probes)}")
   return 0
+
+
+def _parameters(trained):
+  """Which parameters were extracted, e.g. "step 20 (best held-out object accuracy)"."""
+  which = trained.source.get("checkpoint")
+  said = {"best": " (its best held-out object accuracy)", "latest": " (the latest)"}
+  return f"step {trained.step}{said.get(which, '')}"

@@ -83,16 +83,17 @@ def input_errors(prog):
     raise InputError(f"{prog}: {e}") from None
 
 
-def new_flag_values(with_config=True, with_workdir=True, config_help="experiment config"):
-  """A fresh FlagValues holding --config (ml_collections config file) and --workdir."""
+def new_flag_values(with_config=True, with_workdir=True, config_help="experiment config",
+                    workdir_help="directory for results and checkpoints"):
+  """A fresh FlagValues holding --config (ml_collections config file) and --workdir (described
+  by `workdir_help`: what the command reads or writes there)."""
   flag_values = flags.FlagValues()
   if with_config:
     config_flags.DEFINE_config_file(
         "config", None, f"{config_help}: path/to/file.py[:ARG]; override fields with "
         "--config.field=value", flag_values=flag_values, lock_config=True)
   if with_workdir:
-    flags.DEFINE_string("workdir", None, "directory for results and checkpoints",
-                        flag_values=flag_values)
+    flags.DEFINE_string("workdir", None, workdir_help, flag_values=flag_values)
   flags.DEFINE_bool("help", False, "show this help", flag_values=flag_values, short_name="h")
   return flag_values
 
@@ -103,10 +104,12 @@ def define_overwrite(flag_values):
                     "what the command writes there", flag_values=flag_values)
 
 
-def parse(flag_values, argv, required=(), description=None):
+def parse(flag_values, argv, required=(), description=None, default_config=None):
   """Parses argv (argv[0] is the program name) into flag_values; clear errors for bad input.
 
-  --help prints `description` (what the command does; e.g. its module docstring), then the flags.
+  --help prints `description` (what the command does; e.g. its module docstring, whose first
+  line is the usage line), then the flags, then the config's fields with their values: those of
+  --config when given, else of `default_config()` (a callable, called only for --help).
   """
   argv = list(argv)
   if "config" in flag_values:
@@ -128,10 +131,13 @@ def parse(flag_values, argv, required=(), description=None):
     sys.argv = saved_argv
   if flag_values["help"].value:
     if description:
+      print(usage_line(description))
       print(textwrap.dedent(description).strip() + "\n\nflags:")
     # get_help, not main_module_help: the flags are defined in several modules (this one and the
     # command's), and main_module_help shows only one of them.
     print(flag_values.get_help())
+    if "config" in flag_values:
+      print(_config_fields(flag_values, default_config))
     raise SystemExit(0)
   if len(rest) > 1:
     raise UsageError(f"{argv[0]}: unexpected arguments {rest[1:]}")
@@ -139,6 +145,36 @@ def parse(flag_values, argv, required=(), description=None):
     if flag_values[name].value is None:
       raise UsageError(f"{argv[0]}: --{name} is required")
   return flag_values
+
+
+def usage_line(description):
+  """"usage: bindjax CMD --flags..." from a command's docstring, which opens with it in
+  backticks (over one or two lines)."""
+  usage = description.split("`")[1] if description.startswith("`") else description
+  return "usage: " + " ".join(usage.split())
+
+
+def _config_fields(flag_values, default_config):
+  """The --help lines listing the fields of --config (or of `default_config()`) and values."""
+  if flag_values["config"].present:
+    config, source = flag_values["config"].value, f"--config={flag_values['config'].config_filename}"
+  elif default_config is not None:
+    config, source = default_config(), "the defaults"
+  else:
+    return "\nconfig fields: pass --config=FILE[:ARG] with --help to list its fields"
+  lines = [f"  {name} = {value!r}" for name, value in _leaves(config)]
+  return (f"\nconfig fields (--config.FIELD=VALUE), with the values of {source}:\n"
+          + "\n".join(lines))
+
+
+def _leaves(config, prefix=""):
+  """(dotted field name, value) of every leaf of a ConfigDict, in sorted order."""
+  for name in sorted(config.keys()):
+    value = config[name]
+    if hasattr(value, "keys"):
+      yield from _leaves(value, f"{prefix}{name}.")
+    else:
+      yield f"{prefix}{name}", value
 
 
 def _config_arg(argv):

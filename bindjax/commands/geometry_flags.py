@@ -10,7 +10,8 @@ def new_flag_values():
   Commands add their own flags before calling `parse`.
   """
   fv = flags_lib.new_flag_values(config_help="geometry config (experiments/geometry.py:ARG; "
-                                 "default: the settings of docs/geometry.md)")
+                                 "default: the settings of docs/geometry.md)",
+                                 workdir_help="output directory")
   flags.DEFINE_string("embeddings", None, "embedding set: native directory, reference folder "
                       "or TFDS dataset", flag_values=fv)
   flags_lib.define_overwrite(fv)
@@ -19,4 +20,10 @@ def new_flag_values():
 
 def parse(fv, argv, description=None):
   """Parses argv into fv; --embeddings and --workdir are required (see `flags.parse`)."""
-  flags_lib.parse(fv, argv, required=("embeddings", "workdir"), description=description)
+  flags_lib.parse(fv, argv, required=("embeddings", "workdir"), description=description,
+                  default_config=_default_config)
+
+
+def _default_config():
+  from bindjax.geometry import config  # pylint: disable=g-import-not-at-top
+  return config.default_config()

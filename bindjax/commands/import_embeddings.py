@@ -22,7 +22,7 @@ def main(argv):
   flags_lib.define_overwrite(fv)
   flags.DEFINE_bool("tfds", False, "write a TFDS array_record dataset instead of the native "
                     "format (for sets too large for memory)", flag_values=fv)
-  flags_lib.parse(fv, argv, required=("reference", "out"))
+  flags_lib.parse(fv, argv, required=("reference", "out"), description=__doc__)
   prog, out = argv[0], fv["out"].value
   flags_lib.check_output_dir(prog, "out", out, fv["overwrite"].value)
   # Imported after flag parsing so `--help` stays fast.

@@ -13,7 +13,7 @@ from bindjax.commands import flags as flags_lib
 
 def main(argv):
   """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
-  fv = flags_lib.new_flag_values(with_config=False)
+  fv = flags_lib.new_flag_values(with_config=False, workdir_help="output directory for the tables")
   flags.DEFINE_list("summaries", None, "interventions run directories or summary JSON files",
                     flag_values=fv)
   flags.DEFINE_float("strength", None, "edit strength k to tabulate (default: each run's first)",
@@ -23,7 +23,7 @@ def main(argv):
   flags.DEFINE_enum("group", "all", ["all", "shared_attribute", "different_attribute"],
                     "cases tabulated", flag_values=fv)
   flags_lib.define_overwrite(fv)
-  flags_lib.parse(fv, argv, required=("summaries", "workdir"))
+  flags_lib.parse(fv, argv, required=("summaries", "workdir"), description=__doc__)
   prog, workdir = argv[0], fv["workdir"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
   from bindjax import files  # pylint: disable=g-import-not-at-top

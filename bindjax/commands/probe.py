@@ -20,7 +20,8 @@ def main(argv):
   """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
   from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
   defaults = linear.ProbeConfig()
-  fv = flags_lib.new_flag_values(with_config=False, with_workdir=True)
+  fv = flags_lib.new_flag_values(
+      with_config=False, workdir_help="output directory: probes.npz and probe_metrics.json")
   flags.DEFINE_string("embeddings", None, "embedding set directory (native or original layout)",
                       flag_values=fv)
   flags.DEFINE_integer("steps", defaults.steps, "Adam steps (full batch)", flag_values=fv)

@@ -21,7 +21,8 @@ from bindjax.commands import flags as bj_flags
 
 def main(argv):
   """Writes DIR/report/{phase_transition.png,.pdf, critical_coverage.md,.json}; returns 0."""
-  fv = bj_flags.new_flag_values(with_config=False)
+  fv = bj_flags.new_flag_values(with_config=False, workdir_help="the `bindjax sweep` workdir to "
+                                "report (A,B,... reports several together)")
   flags.DEFINE_enum("step", results.DEFAULT_STEP, list(results.STEPS),
                     "which evaluation per replica: the last, or the best held-out object "
                     "accuracy (selected on held-out objects: optimistic)", flag_values=fv)

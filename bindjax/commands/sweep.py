@@ -7,6 +7,7 @@ alone, its report included. The run holds DIR's lock while it runs: a second run
 refused. Multi-host: on TPU pods and SLURM jobs jax.distributed starts by itself; elsewhere pass
 --coordinator_address, --num_processes and --process_id (the same command on every host).
 """
+import functools
 import logging
 
 from absl import flags
@@ -22,7 +23,8 @@ def run(argv, *, single, description):
   """Parses the flags of `bindjax sweep` (single=False) or `bindjax train` (single=True) and
   runs the loop; returns (flag values, the run's result, whether the workdir was already
   finished and left alone)."""
-  fv = bj_flags.new_flag_values()
+  fv = bj_flags.new_flag_values(workdir_help="the run's directory: results, checkpoints"
+                                + ("" if single else ", report") + "; a run there is resumed")
   bj_flags.define_overwrite(fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
   if not single:
@@ -32,7 +34,8 @@ def run(argv, *, single, description):
                       flag_values=fv)
   flags.DEFINE_integer("num_processes", None, "multi-host: number of processes", flag_values=fv)
   flags.DEFINE_integer("process_id", None, "multi-host: this process's index", flag_values=fv)
-  bj_flags.parse(fv, argv, required=("config", "workdir"), description=description)
+  bj_flags.parse(fv, argv, required=("config", "workdir"), description=description,
+                 default_config=functools.partial(_default_config, single))
   config = fv["config"].value
   prog = argv[0]
   with bj_flags.usage_errors(prog):
@@ -53,6 +56,17 @@ def run(argv, *, single, description):
   with bj_flags.run_errors(prog):
     result = loop(config, workdir, overwrite=overwrite, progress=fv["progress"].value)
   return fv, result, finished
+
+
+def _default_config(single):
+  """The defaults every preset starts from, with a sweep's (empty) grid unless `single`."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from bindjax import train  # pylint: disable=g-import-not-at-top
+  config = train.default_config()
+  if not single:
+    config.grid = ml_collections.ConfigDict({name: () for name in (
+        "spaces", "coverages", "seeds", "learning_rates", "weight_decays", "models")})
+  return config
 
 
 def main(argv):
