@@ -6,10 +6,15 @@
 
 Steps: create the TPU VM unless one of that name exists (reuse), pack this checkout (no .venv,
 no .git), copy it to every worker, install bindjax with jax[tpu] in a venv on every worker
-(optionally mounting a GCS bucket with gcsfuse so all workers share the workdir), then run
-`bindjax sweep` on --worker=all in a dated workdir. jax.distributed starts by itself on TPU
-pods; process 0 writes the results; checkpoints are written collectively by orbax, so the
-workdir must be shared by the workers (gcsfuse mount or NFS).
+(optionally mounting a GCS bucket with gcsfuse so all workers share the workdir), then start
+`bindjax sweep` on --worker=all in a dated workdir, detached from the ssh session (nohup setsid)
+so that it outlives the terminal: each worker logs to WORKDIR/logs/<its hostname>.log and
+records its pid beside it. The launcher prints how to follow the logs, stop the sweep (SIGINT:
+it stops as Ctrl-C stops it) and resume it (the same launch with --workdir=WORKDIR).
+jax.distributed starts by itself on TPU pods; process 0 writes the results; checkpoints are
+written collectively by orbax, so the workdir must be shared by the workers (gcsfuse mount,
+NFS, or a gs:// URI; docs/accelerators.md says what each guarantees). With a gs:// workdir the
+logs stay on each worker, in ~/bindjax/logs.
 """
 import argparse
 import os
@@ -37,8 +42,14 @@ def build_commands(args, extra, now=None):
     install = [f"mkdir -p {args.mount_point}",
                f"(mountpoint -q {args.mount_point} || gcsfuse --implicit-dirs "
                f"{args.gcs_bucket} {args.mount_point})"] + install
-  sweep = common.sweep_command(".venv/bin/bindjax", args.config, workdir, extra)
-  run = f"cd {REMOTE_DIR} && {common.quote(sweep)}"
+  sweep = common.sweep_command(".venv/bin/bindjax", args.config, workdir,
+                               ["--noprogress", *extra])
+  logs = log_dir(workdir)
+  log = f"{logs}/$(hostname)"
+  # setsid: a session of its own, so closing the ssh connection sends it no SIGHUP; every
+  # stream redirected, so ssh returns at once.
+  run = (f"cd {REMOTE_DIR} && mkdir -p {logs} && (nohup setsid {common.quote(sweep)} "
+         f"> {log}.log 2>&1 < /dev/null & echo $! > {log}.pid)")
   ssh = tpu + ["ssh", args.name, *where, "--worker=all"]
   return [
       f"{common.quote(describe)} >/dev/null 2>&1 || {common.quote(create)}",
@@ -49,6 +60,29 @@ def build_commands(args, extra, now=None):
       common.quote(ssh + [f"--command={' && '.join(install)}"]),
       common.quote(ssh + [f"--command={run}"]),
   ], workdir
+
+
+def log_dir(workdir):
+  """Where the workers write their logs: WORKDIR/logs, or ~/bindjax/logs for a gs:// workdir."""
+  return f"{REMOTE_DIR}/logs" if "://" in workdir else f"{workdir}/logs"
+
+
+def next_steps(args, own_argv, extra, workdir):
+  """The lines printed after a launch: how to follow, stop and resume the detached sweep."""
+  where = [f"--zone={args.zone}"] + ([f"--project={args.project}"] if args.project else [])
+  ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", args.name, *where]
+  logs = log_dir(workdir)
+  kept = [a for a in own_argv if not a.startswith(("--workdir=", "--workdir_root=", "--dry"))]
+  resume = ["python", "launch/tpu_pod.py", *kept, f"--workdir={workdir}"] + (
+      ["--", *extra] if extra else [])
+  return [
+      "# the sweep runs detached on every worker; follow worker 0 (process 0 writes the rows):",
+      common.quote(ssh + ["--worker=0", f"--command=tail -f {logs}/*.log"]),
+      "# stop it: SIGINT on every worker, as Ctrl-C (the checkpoints are kept however it stops):",
+      common.quote(ssh + ["--worker=all", f"--command=kill -INT $(cat {logs}/$(hostname).pid)"]),
+      "# resume it (after a stop, a preemption or a crash): the same launch into its workdir",
+      common.quote(resume),
+  ]
 
 
 def parse(argv):
@@ -77,7 +111,10 @@ def main(argv=None):
   args = parse(own)
   commands, workdir = build_commands(args, extra)
   print(f"# workdir: {workdir}")
-  return common.run(commands, args.dry_run)
+  status = common.run(commands, args.dry_run)
+  if not status:
+    print("\n".join(next_steps(args, own, extra, workdir)))
+  return status
 
 
 if __name__ == "__main__":

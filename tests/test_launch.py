@@ -4,7 +4,10 @@ import datetime
 import importlib.util
 import json
 import os
+import shlex
+import socket
 import sys
+import time
 
 import pytest
 
@@ -17,13 +20,14 @@ import json, os, shutil, subprocess, sys
 tool, argv = os.path.basename(sys.argv[0]), sys.argv[1:]
 cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 with open(os.environ["FAKE_LOG"], "a") as f:
-  f.write(json.dumps(dict(tool=tool, argv=argv, cwd=os.getcwd(), cores=cores)) + "\\n")
+  f.write(json.dumps(dict(tool=tool, argv=argv, cwd=os.getcwd(), cores=cores,
+                         sid=os.getsid(0))) + "\\n")
 if os.environ.get("FAKE_FAIL") and os.environ["FAKE_FAIL"] in " ".join([tool] + argv):
   sys.exit(1)
 if tool == "mountpoint":   # nothing is mounted yet
   sys.exit(1)
 if tool == "python3" and argv[:2] == ["-m", "venv"]:
-  os.makedirs(os.path.join(argv[2], "bin"))
+  os.makedirs(os.path.join(argv[2], "bin"), exist_ok=True)
   shutil.copy(sys.argv[0], os.path.join(argv[2], "bin", "pip"))
 if tool == "pip" and "-e" in argv:   # installs the bindjax command beside itself
   shutil.copy(sys.argv[0], os.path.join(os.path.dirname(sys.argv[0]), "bindjax"))
@@ -114,13 +118,61 @@ def test_tpu_pod_creates_the_vm_installs_and_runs_the_sweep_on_every_worker(
                                               str(tmp_path / "gcs")]
   install = [c["argv"] for c in fake.calls("pip") if "-e" in c["argv"]][0]
   assert install[-2:] == [".", "jax[tpu]>=0.10.2,<0.11"]
-  (run,) = fake.calls("bindjax")
+  (run,) = _detached_calls(fake)
   assert run["cwd"] == str(fake.home / "bindjax")
   workdir = run["argv"][2][len("--workdir="):]
   assert run["argv"] == ["sweep", f"--config={SWEEP_CONFIG}", f"--workdir={workdir}",
-                         "--config.grid.seeds=(0,)"]
+                         "--noprogress", "--config.grid.seeds=(0,)"]
   assert workdir.startswith(str(tmp_path / "gcs" / "runs")) and workdir.endswith(
       "coverage_sweep-paper")
+
+
+def _detached_calls(fake, timeout=30):
+  """The calls of the detached `bindjax sweep`, once its stand-in has logged them."""
+  deadline = time.time() + timeout
+  while not fake.calls("bindjax") and time.time() < deadline:
+    time.sleep(0.1)
+  return fake.calls("bindjax")
+
+
+def test_tpu_pod_detaches_the_sweep_logs_per_worker_and_says_how_to_follow_and_resume(
+    tmp_path, fake, monkeypatch, capsys):
+  tpu = _load("tpu_pod")
+  for name in ("gcloud", "tar", "mountpoint", "gcsfuse", "python3"):
+    fake.tool(name)
+  flags = _tpu_flags(tmp_path)
+  assert tpu.main(flags + ["--", "--config.num_steps=9"]) == 0
+  (run,) = _detached_calls(fake)
+  workdir = run["argv"][2][len("--workdir="):]
+  logs = os.path.join(workdir, "logs")
+  host = socket.gethostname()
+  # The sweep ran in a session of its own (not the ssh's), its output in the worker's log.
+  pid = int(open(os.path.join(logs, f"{host}.pid")).read())
+  assert os.path.exists(os.path.join(logs, f"{host}.log"))
+  assert run["sid"] == pid != os.getsid(0)
+  out = capsys.readouterr().out.splitlines()
+  follow, stop, resume = (out[out.index(line) + 1] for line in out if line.startswith("# ")
+                          and not line.startswith("# workdir"))
+  assert "--worker=0" in follow and f"tail -f {logs}/*.log" in follow
+  assert "--worker=all" in stop and f"kill -INT $(cat {logs}/$(hostname).pid)" in stop
+  resumed = shlex.split(resume)
+  assert resumed[:2] == ["python", "launch/tpu_pod.py"] and f"--workdir={workdir}" in resumed
+  assert resumed[-2:] == ["--", "--config.num_steps=9"]
+  assert not any(a.startswith("--workdir_root") for a in resumed)
+  # Resuming with the printed flags runs the same sweep in the same workdir.
+  os.remove(fake.log)
+  assert tpu.main(resumed[2:]) == 0
+  (again,) = _detached_calls(fake)
+  assert again["argv"] == run["argv"]
+
+
+def test_tpu_pod_logs_of_a_gs_workdir_stay_on_the_workers(tmp_path):
+  tpu = _load("tpu_pod")
+  args = tpu.parse(["--name=pod", "--zone=z", "--workdir=gs://bucket/run"])
+  commands, workdir = tpu.build_commands(args, [])
+  assert workdir == "gs://bucket/run"
+  assert "mkdir -p ~/bindjax/logs" in commands[-1] and "> ~/bindjax/logs/$(hostname).log" in (
+      commands[-1])
 
 
 def test_tpu_pod_reuses_its_vm_and_stops_at_the_first_failure(tmp_path, fake, monkeypatch):
