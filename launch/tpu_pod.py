@@ -25,6 +25,7 @@ import common  # noqa: E402
 
 ARCHIVE = "/tmp/bindjax-code.tar.gz"
 REMOTE_DIR = "~/bindjax"
+RENAME_DIR_LIMIT = 100000
 
 
 def build_commands(args, extra, now=None):
@@ -40,8 +41,11 @@ def build_commands(args, extra, now=None):
              f".venv/bin/pip install -q -e . {common.quote([args.jax_spec])}"]
   if args.gcs_bucket:
     install = [f"mkdir -p {args.mount_point}",
+               # orbax renames each checkpoint's temporary folder into place, which gcsfuse
+               # refuses on a flat bucket unless the folder's objects are within this limit.
                f"(mountpoint -q {args.mount_point} || gcsfuse --implicit-dirs "
-               f"{args.gcs_bucket} {args.mount_point})"] + install
+               f"--rename-dir-limit={RENAME_DIR_LIMIT} {args.gcs_bucket} {args.mount_point})"
+               ] + install
   sweep = common.sweep_command(".venv/bin/bindjax", args.config, workdir,
                                ["--noprogress", *extra])
   logs = log_dir(workdir)

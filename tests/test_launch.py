@@ -114,8 +114,8 @@ def test_tpu_pod_creates_the_vm_installs_and_runs_the_sweep_on_every_worker(
   # On the worker: the bucket is mounted, then bindjax is installed with the TPU jax.
   names = [c["tool"] for c in fake.calls()]
   assert names.index("gcsfuse") < names.index("pip")
-  assert fake.calls("gcsfuse")[0]["argv"] == ["--implicit-dirs", "my-bucket",
-                                              str(tmp_path / "gcs")]
+  assert fake.calls("gcsfuse")[0]["argv"] == ["--implicit-dirs", "--rename-dir-limit=100000",
+                                              "my-bucket", str(tmp_path / "gcs")]
   install = [c["argv"] for c in fake.calls("pip") if "-e" in c["argv"]][0]
   assert install[-2:] == [".", "jax[tpu]>=0.10.2,<0.11"]
   (run,) = _detached_calls(fake)

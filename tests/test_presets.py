@@ -136,3 +136,29 @@ def test_binding_presets_fit_the_documented_families(arg, mlp, steps):
   assert [name for name, _ in settings.model_names()] == [
       "additive", "sum_product", "per_object_sum_product", mlp.replace(":", "[") + "]"]
   assert settings.fit.steps == steps
+
+
+def _documented_presets():
+  """{"train.py:cpu": its command, ...} of docs/presets.md's table."""
+  rows = {}
+  with open(os.path.join(REPO, "docs", "presets.md")) as f:
+    for line in f:
+      cells = [c.strip() for c in line.split(" | ")]
+      if line.startswith("| `") and len(cells) == 4:
+        rows[cells[0].strip("|` ")] = cells[2]
+  return rows
+
+
+@pytest.mark.parametrize("name,arg", [("coverage_sweep", "laptop"), ("train", "laptop")])
+def test_the_presets_page_has_one_row_per_preset_with_its_command(name, arg, capsys):
+  """Every preset the config file accepts (its refusal lists them) has a row, whose command
+  runs that preset."""
+  with pytest.raises(SystemExit):
+    load(name, arg)
+  listed = capsys.readouterr().err.split("expected ")[-1].replace(" or ", ", ").strip()
+  presets = {p.strip() for p in listed.split(",")}
+  assert presets == set(SWEEPS if name == "coverage_sweep" else RUNS), presets
+  rows = _documented_presets()
+  for preset in presets:
+    command = rows[f"{name}.py:{preset}"]
+    assert f"--config=experiments/{name}.py:{preset} " in command, (preset, command)
