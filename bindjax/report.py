@@ -42,6 +42,11 @@ REPORT_METRICS = (BINDING_METRIC, results.binding(results.HELDOUT),
                   results.binding(results.TRAIN), ONE_OBJECT_METRIC, CONCEPT_METRIC)
 THRESHOLD = 0.5
 LEVEL = 0.95
+# The critical coverages the study reports (|O|, ρ*): about 50 % at |O| = 400 and about 30 % at
+# |O| >= 2,500 (docs/targets.md); the scaling-law figure marks them as the study's.
+STUDY_RHO_STARS = ((400, 0.5), (2500, 0.3))
+READOUT_WORDS = {"none": "plain towers", "both": "product read-out",
+                 "query": "product read-out in the query tower"}
 # Which sweep a row came from, set only when several sweeps are reported and two of them hold
 # the same series: their configs may differ outside the rows (a model setting, the steps).
 SWEEP = "sweep"
@@ -309,8 +314,11 @@ def _law_parameters(n, rho):
 
 
 def _law_grid(n):
-  """The sizes a law is drawn over: a log grid a little wider than the measured sizes."""
-  return np.logspace(np.log10(n.min()) - 0.3, np.log10(n.max()) + 0.3, 50)
+  """The sizes a law is drawn over: a log grid from a little below the measured sizes to a
+  little beyond them and the study's reported sizes (`STUDY_RHO_STARS`), so the figure shows
+  where the law, extrapolated, puts them."""
+  largest = max(n.max(), max(size for size, _ in STUDY_RHO_STARS))
+  return np.logspace(np.log10(n.min()) - 0.1, np.log10(largest) + 0.1, 60)
 
 
 def _law_value(name, a, b, n):
@@ -491,6 +499,32 @@ def _selected_rows(workdir, step):
   return selected
 
 
+def describe(workdirs, series, step):
+  """The figures' title in words, e.g. "|O| = 196, C = 2; product read-out, 2 layers,
+  d_model 64; 15,000 steps; final step": the spaces of `series`, then the towers and the steps
+  of the sweeps' config.json files (each distinct one once)."""
+  by_concepts = collections.defaultdict(set)
+  for s in series:
+    by_concepts[s["key"][results.NUM_CONCEPTS]].add(s["space_size"])
+  sizes = {c: ", ".join(f"{n:,}" for n in sorted(n)) for c, n in sorted(by_concepts.items())}
+  spaces = (f"|O| = {sizes[c]}, C = {c}" for c in sizes) if len(sizes) == 1 else (
+      "|O| = " + " and ".join(f"{sizes[c]} (C = {c})" for c in sizes),)
+  towers, steps = [], []
+  for workdir in workdirs:
+    path = workdir / results.CONFIG_FILE
+    if path.exists():
+      config = files.read_json(path)
+      model = config.get("model", {})
+      words = (f"{READOUT_WORDS.get(model.get('product_readout', 'none'), 'plain towers')}, "
+               f"{model.get('num_layers')} layers, d_model {model.get('d_model')}")
+      towers += [words] if words not in towers else []
+      steps += [config.get("num_steps", 0)] if config.get("num_steps", 0) not in steps else []
+  parts = list(spaces) + [" / ".join(towers)] if towers else list(spaces)
+  if steps:
+    parts.append(", ".join(f"{n:,}" for n in sorted(steps)) + " steps")
+  return "; ".join(parts + [f"{step} step"])
+
+
 def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None,
                 formats=("png", "pdf"), metric="accuracy"):
   """Writes figures, ρ* table and scaling law for one sweep or several; returns the summary.
@@ -531,14 +565,14 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   drawn = ("phase_transition", "scaling_law") if len(fitted) >= 2 else ("phase_transition",)
   files.record_outputs(out_dir, [f"{name}.{f}" for name in drawn for f in formats] + [
       "critical_coverage.json", "critical_coverage.md", "points.json"])
-  sizes = ", ".join(f"{n:,}" for n in sorted({s["space_size"] for s in series}))
-  names = " + ".join(w.name for w in workdirs)
-  title = f"{names}: |O| = {sizes}; {step} step" + ("" if finished else " (unfinished)")
+  title = describe(workdirs, series, step) + ("" if finished else " (unfinished)")
   figures = phase_transition.plot(series, table, out_dir / "phase_transition",
-                                  step=step, formats=formats, rho_metric=rho_metric, title=title)
+                                  step=step, formats=formats, rho_metric=rho_metric, title=title,
+                                  level=LEVEL)
   if len(fitted) >= 2:
     figures += phase_transition.plot_scaling_law(
-        fitted, laws, out_dir / "scaling_law", title=title, formats=formats)
+        fitted, laws, out_dir / "scaling_law", title="critical coverage against |O|: " + title,
+        formats=formats, study_points=STUDY_RHO_STARS, level=LEVEL)
   summary = {"workdirs": [str(w) for w in workdirs], "step": step, "threshold": THRESHOLD,
              "metric": rho_metric, "critical_coverage": table, "scaling_law": laws,
              "finished": finished, "num_replicas": len(selected),

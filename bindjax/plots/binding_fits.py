@@ -9,6 +9,7 @@ import numpy as np  # noqa: E402
 
 from bindjax import files  # noqa: E402
 from bindjax import results  # noqa: E402
+from bindjax.plots import phase_transition  # noqa: E402
 
 # R² below this is drawn at it (hollow marker): a failed fit's R² can be any negative number,
 # and Spearman's ρ depends on ranks only.
@@ -20,11 +21,16 @@ def plot(rows, correlations, path_stem, step, accuracy_column, quality_column,
   """Draws one panel per `correlations` entry from the fitted `rows` (colour: |O|), titled
   with Spearman's ρ and its bootstrap interval; returns the written file paths."""
   panels = max(1, len(correlations))
-  fig, axes = plt.subplots(1, panels, figsize=(3.4 * panels, 3.3), sharey=True,
-                           constrained_layout=True, squeeze=False)
-  axes = axes[0]
+  # At most two panels a row keeps the figure within 2.5:1.
+  columns = min(panels, 2)
+  grid_rows = -(-panels // columns)
+  fig, grid = plt.subplots(grid_rows, columns, figsize=(3.6 * columns, 3.4 * grid_rows),
+                           sharey=True, constrained_layout=True, squeeze=False)
+  axes = list(grid.flat)
+  for ax in axes[panels:]:
+    ax.axis("off")
   sizes = sorted({r[results.SPACE_SIZE] for r in rows if r["status"] == "fitted"})
-  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  colors = phase_transition.PALETTE
   for ax, entry in zip(axes, correlations):
     for i, size in enumerate(sizes):
       fitted = [r for r in rows if r["status"] == "fitted" and r["name"] == entry["name"]
@@ -34,21 +40,26 @@ def plot(rows, correlations, path_stem, step, accuracy_column, quality_column,
       y = np.array([r[accuracy_column] for r in fitted], float)
       low = x < R2_FLOOR
       color = colors[i % len(colors)]
-      ax.scatter(x[~low], y[~low], s=16, color=color, label=f"|O|={size:,}")
+      marker = phase_transition.MARKERS[i % len(phase_transition.MARKERS)]
+      ax.scatter(x[~low], y[~low], s=16, color=color, marker=marker,
+                 label=f"a replica, |O| = {size:,}")
       ax.scatter(np.full(low.sum(), R2_FLOOR), y[low], s=16, facecolors="none",
-                 edgecolors=color)
+                 edgecolors=color, marker=marker,
+                 label=f"a replica whose R² < {R2_FLOOR:g}, drawn at {R2_FLOOR:g}"
+                 if low.any() and i == 0 else None)
     c = entry["test_only"]
-    title = entry["name"]
+    title = f"approximator family: {entry['name']}"
     if c["rho"] is not None:
-      title += f"\nρ = {c['rho']:.2f}"
+      title += f"\nSpearman's ρ = {c['rho']:.2f}"
       if c["interval"]:
-        title += f" [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]"
-    ax.set_title(title + f" (n = {c['num_points']})", fontsize=9)
+        title += f", 95% bootstrap [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]"
+    ax.set_title(title + f" (n = {c['num_points']} replicas)", fontsize=8)
     ax.set_xlabel(f"test-only fit R² (hollow: < {R2_FLOOR:g})", fontsize=8)
     ax.set_xlim(R2_FLOOR - 0.08, 1.05)
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-  axes[0].set_ylabel(f"held-out object accuracy, 2-object scenes ({step} step)", fontsize=8)
+  for ax in grid[:, 0]:
+    ax.set_ylabel(f"held-out object accuracy, 2-object scenes ({step} step)", fontsize=8)
   if sizes:
     axes[0].legend(fontsize=7, loc="upper left")
   paths = files.save_figures(fig, path_stem, formats, dpi=150)
