@@ -41,8 +41,10 @@ SUMMARY_FILE = "summary.csv"
 DONE_FILE = "sweep_done.json"
 CHECKPOINT_DIR = "checkpoints"
 REPORT_DIR = "report"
+TENSORBOARD_DIR = "tensorboard"   # the rows as TensorBoard event files (bindjax.event_files)
 # What a training run writes into its workdir (the report keeps its own record in report/).
-OUTPUTS = (CONFIG_FILE, REPLICAS_FILE, RESULTS_FILE, SUMMARY_FILE, DONE_FILE, CHECKPOINT_DIR)
+OUTPUTS = (CONFIG_FILE, REPLICAS_FILE, RESULTS_FILE, SUMMARY_FILE, DONE_FILE, CHECKPOINT_DIR,
+           TENSORBOARD_DIR)
 
 # A replica's coordinates (replicas.json, and the head of each of its rows), in row order.
 REPLICA = "replica"

@@ -13,6 +13,7 @@ instead: it shows the rows up to the last checkpoint, not each logged step as it
 import collections
 import os
 
+from bindjax import event_files
 from bindjax import files
 from bindjax import parallel
 from bindjax import results
@@ -26,9 +27,11 @@ class ResultsWriter:
   hold exactly those (`publish`) once the restores succeeded, before appending new rows.
   """
 
-  def __init__(self, workdir, replicas, log):
+  def __init__(self, workdir, replicas, log, tensorboard=False):
     self.path = files.as_path(workdir) / results.RESULTS_FILE
     self.writer = parallel.is_writer()
+    # The rows as TensorBoard curves too (`bindjax.event_files`), written by process 0.
+    self.events = event_files.EventWriter(workdir) if tensorboard and self.writer else None
     self.published = False
     self.log = log
     self.coordinates = {r.index: r.coordinates() for r in replicas}
@@ -112,6 +115,8 @@ class ResultsWriter:
       if diverged_step >= 0:
         self.diverged[replica.index] = diverged_step
     self.by_bucket[bucket.key].extend(rows)
+    if self.events is not None:
+      self.events.add(rows)
     if self.file is not None and rows:
       try:
         files.append_jsonl(self.file, rows)
@@ -125,6 +130,8 @@ class ResultsWriter:
   def sync(self):
     """Makes the rows so far durable: flushed and fsynced, or on a non-local workdir written
     whole."""
+    if self.events is not None:
+      self.events.sync()
     if self.file is not None:
       self.file.flush()
       os.fsync(self.file.fileno())
@@ -134,6 +141,8 @@ class ResultsWriter:
   def finish(self):
     """Closes the file, first making sure it holds every row (rewritten when it does not)."""
     self.close()
+    if self.events is not None:
+      self.events.sync()
     if self.writer:
       self._match_file("rewrote the file")
 

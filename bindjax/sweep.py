@@ -43,7 +43,7 @@ from bindjax import workdir_checks
 
 
 def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, devices=None,
-              name="sweep"):
+              name="sweep", tensorboard=False):
   """Runs (or resumes) the sweep of `config` in `workdir`; returns the done-file summary.
 
   `workdir` is any `etils.epath` path: local, or gs:// and the other stores epath serves
@@ -56,6 +56,7 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
   ValueError for damaged data it cannot repair; OSError for the environment (a workdir held by
   a live run or not writable, a full disk). devices: the devices to train on (default all,
   over every process), laid out in lanes by `bindjax.packing`. name: what the log calls the run.
+  tensorboard: also write the rows as TensorBoard event files (`bindjax.event_files`).
   """
   with errors.config_errors():
     replicas, buckets = grid.expand_grid(config)
@@ -67,7 +68,7 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
   workdir_checks.check_path(workdir)
   with workdir_checks.ownership(workdir, log):
     return _run_owned(config, workdir, replicas, buckets, devices, overwrite=overwrite,
-                      progress=progress, log=log, name=name)
+                      progress=progress, log=log, name=name, tensorboard=tensorboard)
 
 
 def _plan(config, workdir, buckets, devices):
@@ -99,7 +100,8 @@ def _count(n, noun):
   return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("s") else "s")
 
 
-def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progress, log, name):
+def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progress, log, name,
+               tensorboard):
   writer = parallel.is_writer()
   config_json = results.config_json(config)
   done_path = workdir / results.DONE_FILE
@@ -130,7 +132,7 @@ def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progre
   settings = config.sweep
   keep = int(config.checkpoint.keep)
   managers = {p.key: checkpoint.Checkpoints(p.checkpoint_dir(workdir), keep=keep) for p in parts}
-  rows = results_writer.ResultsWriter(workdir, replicas, log)
+  rows = results_writer.ResultsWriter(workdir, replicas, log, tensorboard)
   loop = _Loop(results=rows, bar=None, log=log,
                keep_best=bool(config.checkpoint.keep_best), chunk_setting=settings.chunk_size,
                memory_fraction=float(settings.memory_fraction),
@@ -211,7 +213,7 @@ def _interleave(lanes):
 _DONE = object()
 
 
-def run_single(config, workdir, *, overwrite=False, progress=True, log=print):
+def run_single(config, workdir, *, overwrite=False, progress=True, log=print, tensorboard=False):
   """`bindjax train`: runs a config without a grid as a one-replica sweep in `workdir`.
 
   Returns the replica's final evaluation row; when the replica diverged, with "diverged" True
@@ -219,7 +221,8 @@ def run_single(config, workdir, *, overwrite=False, progress=True, log=print):
   """
   with errors.config_errors():
     config = grid.single_run_config(config)
-  run_sweep(config, workdir, overwrite=overwrite, progress=progress, log=log, name="train")
+  run_sweep(config, workdir, overwrite=overwrite, progress=progress, log=log, name="train",
+            tensorboard=tensorboard)
   rows = results.read_rows(workdir)
   final = [r for r in results.select_evaluations(rows, "final") if r[results.KIND] == "eval"]
   out = dict(final[0]) if final else {results.STEP: 0}

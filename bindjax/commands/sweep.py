@@ -27,6 +27,9 @@ def run(argv, *, single, description):
                                 + ("" if single else ", report") + "; a run there is resumed")
   bj_flags.define_overwrite(fv)
   flags.DEFINE_bool("progress", True, "show a progress bar", flag_values=fv)
+  flags.DEFINE_bool("tensorboard", True, "also write every replica's curves as TensorBoard "
+                    "event files under WORKDIR/tensorboard (`tensorboard --logdir=...`)",
+                    flag_values=fv)
   if not single:
     flags.DEFINE_bool("report", True, "write the phase-transition report when the sweep ends",
                       flag_values=fv)
@@ -54,7 +57,8 @@ def run(argv, *, single, description):
   # orbax logs every failed write many times over; the failure itself ends the run as one line.
   logging.getLogger("absl").setLevel(logging.CRITICAL)
   with bj_flags.run_errors(prog):
-    result = loop(config, workdir, overwrite=overwrite, progress=fv["progress"].value)
+    result = loop(config, workdir, overwrite=overwrite, progress=fv["progress"].value,
+                  tensorboard=fv["tensorboard"].value)
   return fv, result, finished
 
 
