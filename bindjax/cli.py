@@ -54,9 +54,11 @@ def main(argv=None):
     print(f"bindjax: unknown command {name!r}; expected one of {', '.join(COMMANDS)}",
           file=sys.stderr)
     return 2
-  module = importlib.import_module(f"bindjax.commands.{COMMANDS[name]}")
+  from bindjax import progress  # pylint: disable=g-import-not-at-top
   from bindjax.compat import safe_pickle  # pylint: disable=g-import-not-at-top
+  progress.forget()
   try:
+    module = importlib.import_module(f"bindjax.commands.{COMMANDS[name]}")
     with warnings.catch_warnings():
       warnings.showwarning = _one_line_warning(f"bindjax {name}", warnings.showwarning)
       return module.main([f"bindjax {name}"] + argv[1:]) or 0

@@ -30,6 +30,11 @@ def bar(total, unit, enabled=True, initial=0):
   return new
 
 
+def forget():
+  """Forgets the newest bar (a command starting in a process that ran another)."""
+  _newest.clear()
+
+
 def position():
   """(units done, total, unit) of the newest bar, whether or not it is closed; None before any."""
   if not _newest:

@@ -2,7 +2,6 @@
 is what the commands return, on cheap cases of each."""
 import os
 import re
-import sys
 
 import pytest
 
@@ -11,6 +10,8 @@ from bindjax import progress
 from bindjax import results
 from bindjax.commands import flags
 
+import test_workdir_integrity
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = os.path.join(REPO, "experiments", "coverage_sweep.py")
 COMPLEXITY = os.path.join(REPO, "experiments", "complexity.py")
@@ -18,13 +19,8 @@ COMPLEXITY = os.path.join(REPO, "experiments", "complexity.py")
 
 def run(argv, capsys, monkeypatch):
   """(exit status, stdout, stderr lines) of `bindjax ARGV` in-process."""
-  monkeypatch.setattr(sys, "argv", ["bindjax"] + list(argv))
-  try:
-    code = cli.main(argv)
-  except SystemExit as e:
-    code = e.code
-  captured = capsys.readouterr()
-  return code, captured.out, captured.err.splitlines()
+  code, out, err = test_workdir_integrity._cli(argv, capsys, monkeypatch)   # pylint: disable=protected-access
+  return code, "\n".join(out), err
 
 
 @pytest.mark.parametrize("name", sorted(cli.COMMANDS))

@@ -316,3 +316,15 @@ def test_a_long_title_stays_inside_the_scaling_law_figure(monkeypatch):
   fig.canvas.draw()
   box = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
   assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox)
+
+
+def test_the_report_records_only_the_figures_it_draws(tmp_path):
+  """One size: no scaling law, so bindjax_outputs.json does not name scaling_law.png."""
+  from bindjax import files  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                        "findings", "scaling_law", "cpu_196")
+  summary = report.make_report(folder, out_dir=str(tmp_path), num_draws=10, formats=("png",))
+  recorded = files.recorded_outputs(tmp_path)
+  assert summary["figures"] == [str(tmp_path / "phase_transition.png")]
+  assert "phase_transition.png" in recorded and not any("scaling_law" in n for n in recorded)
+  assert sorted(os.listdir(tmp_path)) == sorted(recorded + [files.OUTPUTS_FILE])
