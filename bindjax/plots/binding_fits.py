@@ -50,10 +50,10 @@ def plot(rows, correlations, path_stem, step, accuracy_column, quality_column,
     c = entry["test_only"]
     title = f"approximator family: {entry['name']}"
     if c["rho"] is not None:
-      title += f"\nSpearman's ρ = {c['rho']:.2f}"
+      title += f"\nρ = {c['rho']:.2f}"
       if c["interval"]:
-        title += f", 95% bootstrap [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]"
-    ax.set_title(title + f" (n = {c['num_points']} replicas)", fontsize=8)
+        title += f" [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]"
+    ax.set_title(title + f", {c['num_points']} replicas", fontsize=8)
     ax.set_xlabel(f"test-only fit R² (hollow: < {R2_FLOOR:g})", fontsize=8)
     ax.set_xlim(R2_FLOOR - 0.08, 1.05)
     ax.set_ylim(-0.02, 1.02)
@@ -62,6 +62,9 @@ def plot(rows, correlations, path_stem, step, accuracy_column, quality_column,
     ax.set_ylabel(f"held-out object accuracy, 2-object scenes ({step} step)", fontsize=8)
   if sizes:
     axes[0].legend(fontsize=7, loc="upper left")
+  fig.suptitle("Does a replica's binding function, fitted on its training objects, predict its "
+               "held-out accuracy?\nρ: Spearman's rank correlation over replicas, with its 95% "
+               "bootstrap interval", fontsize=9)
   paths = files.save_figures(fig, path_stem, formats, dpi=150)
   plt.close(fig)
   return paths
