@@ -53,7 +53,8 @@ def test_without_tensorboard_no_event_files(tmp_path, capsys, monkeypatch):
   monkeypatch.setattr("sys.argv", ["bindjax"])
   assert cli.main(["train", f"--config={REPO}/experiments/train.py:smoke",
                    f"--workdir={workdir}", "--noprogress", "--notensorboard"]) == 0
-  capsys.readouterr()
+  out = capsys.readouterr().out
+  assert "train: 1 replica in 1 bucket on " in out, out   # a run, said as one
   assert not (workdir / results.TENSORBOARD_DIR).exists()
 
 

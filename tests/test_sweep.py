@@ -194,7 +194,7 @@ def test_rerun_into_finished_workdir_does_nothing(reference):
     os.rename(os.path.join(workdir, "done.bak"), os.path.join(workdir, results.DONE_FILE))
 
 
-def test_extract_reads_any_replica_with_its_best_parameters(reference, tmp_path):
+def test_extract_reads_any_replica_with_its_best_parameters(reference, tmp_path, capsys):
   """A sweep replica becomes a model: its best parameters are those of the evaluation that
   results.select_evaluations calls best, and --replica picks it on the command line."""
   from bindjax import cli
@@ -219,8 +219,13 @@ def test_extract_reads_any_replica_with_its_best_parameters(reference, tmp_path)
   with pytest.raises(ValueError, match="replica=12: expected 0..11"):
     extract.load_workdir(workdir, replica=12)
   out = tmp_path / "embeddings"
+  capsys.readouterr()
   assert cli.main(["extract", f"--workdir={workdir}", "--replica=4", f"--out={out}"]) == 0
   assert os.path.isdir(out)
+  assert f"step {best[4]} (its best held-out object accuracy)" in capsys.readouterr().out
+  with pytest.raises(SystemExit) as e:   # which replica is the user's to say: a usage error
+    cli.main(["extract", f"--workdir={workdir}", f"--out={tmp_path / 'other'}"])
+  assert e.value.code == 2 and "pass --replica=N" in capsys.readouterr().err
 
 
 def test_overwrite_reruns_a_finished_workdir(reference, tmp_path):
