@@ -68,7 +68,7 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
   workdir_checks.check_path(workdir)
   with workdir_checks.ownership(workdir, log):
     return _run_owned(config, workdir, replicas, buckets, devices, overwrite=overwrite,
-                      progress=progress, log=log, name=name, tensorboard=tensorboard)
+                      progress=progress, log=log, label=name, tensorboard=tensorboard)
 
 
 def _plan(config, workdir, buckets, devices):
@@ -100,7 +100,7 @@ def _count(n, noun):
   return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("s") else "s")
 
 
-def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progress, log, name,
+def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progress, log, label,
                tensorboard):
   writer = parallel.is_writer()
   config_json = results.config_json(config)
@@ -139,7 +139,7 @@ def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progre
                fast_compile=bool(settings.fast_compile),
                checkpoint_every=int(config.checkpoint.every), log_every=int(config.log_every))
   try:
-    log(f"{name}: {_count(len(replicas), 'replica')} in {_count(len(buckets), 'bucket')} on "
+    log(f"{label}: {_count(len(replicas), 'replica')} in {_count(len(buckets), 'bucket')} on "
         f"{_count(len(devices), 'device')} ({_count(jax.process_count(), 'process')}); "
         f"{plan.describe()}")
     # Every restore (state and rows, checksums verified) succeeds before anything is rewritten.
