@@ -325,7 +325,7 @@ def _law_value(name, a, b, n):
   return a * n ** b if name == "power_law" else a + b * np.log10(n)
 
 
-def scaling_law_intervals(rows, laws, num_draws=1000, seed=0, level=LEVEL):
+def scaling_law_intervals(rows, laws, num_draws=1000, seed=0, level=LEVEL, predict_at=()):
   """Intervals of the laws' parameters, and a band of ρ*(|O|), from draws of every size's ρ*.
 
   Each draw replaces every size's ρ* by ρ* + se·t (t Student-distributed with that size's seeds
@@ -333,6 +333,10 @@ def scaling_law_intervals(rows, laws, num_draws=1000, seed=0, level=LEVEL):
   "a_interval", "b_interval" and "band" ({"space_size", "low", "high"} over a log grid) to both
   size laws of `laws` in place, and "a_interval", "b_interval", "c_interval" to its
   "concept_log_linear"; returns `laws`. Nothing is added when a size has no interval.
+
+  predict_at: (|O|, C) pairs of sizes not yet run. Adds "predictions": per pair, each law's
+  ρ* there and its range over the same refits, so that a prediction is committed before the
+  size runs and its hit or miss read afterwards.
   """
   if not laws or any(r["standard_error"] is None for r in rows):
     return laws
@@ -346,6 +350,8 @@ def scaling_law_intervals(rows, laws, num_draws=1000, seed=0, level=LEVEL):
   grid = _law_grid(n)
   q = [50 * (1 - level), 100 - 50 * (1 - level)]
   fitted = [_law_parameters(n, d) for d in draws]
+  predictions = [{results.SPACE_SIZE: int(size), results.NUM_CONCEPTS: int(concepts)}
+                 for size, concepts in predict_at]
   for name in ("power_law", "log_linear"):
     ab = np.array([f[name] for f in fitted])
     curves = np.array([_law_value(name, a, b, grid) for a, b in ab])
@@ -354,11 +360,25 @@ def scaling_law_intervals(rows, laws, num_draws=1000, seed=0, level=LEVEL):
     low, high = np.percentile(curves, q, axis=0)
     laws[name]["band"] = {"space_size": grid.tolist(), "low": low.tolist(),
                           "high": high.tolist()}
+    for p in predictions:
+      at = float(p[results.SPACE_SIZE])
+      p[name] = {"rho_star": float(_law_value(name, laws[name]["a"], laws[name]["b"], at)),
+                 "range": np.percentile([_law_value(name, a, b, at) for a, b in ab],
+                                        q).tolist()}
   if "concept_log_linear" in laws:
+    law = laws["concept_log_linear"]
     design = _concept_design(n, np.array([r[results.NUM_CONCEPTS] for r in rows], dtype=float))
     abc = np.array([_concept_parameters(design, d) for d in draws])
     for i, name in enumerate("abc"):
-      laws["concept_log_linear"][f"{name}_interval"] = np.percentile(abc[:, i], q).tolist()
+      law[f"{name}_interval"] = np.percentile(abc[:, i], q).tolist()
+    for p in predictions:
+      x = _concept_design(np.array([float(p[results.SPACE_SIZE])]),
+                          np.array([float(p[results.NUM_CONCEPTS])]))[0]
+      p["concept_log_linear"] = {
+          "rho_star": float(x @ np.array([law["a"], law["b"], law["c"]])),
+          "range": np.percentile(abc @ x, q).tolist()}
+  if predictions:
+    laws["predictions"] = predictions
   laws["num_draws"] = int(draws.shape[0])
   return laws
 
@@ -452,6 +472,17 @@ def _law_lines(laws):
   if "num_draws" in laws:
     lines += ["", f"Intervals: {LEVEL:.0%} of {laws['num_draws']} refits with every size's ρ* "
               "drawn from its own t distribution."]
+  if laws.get("predictions"):
+    names = [k for k in ("power_law", "log_linear", "concept_log_linear")
+             if k in laws["predictions"][0]]
+    lines += ["", "Predicted ρ* at sizes not in the fit (95% range over the same refits):", "",
+              "| \\|O\\| | C | " + " | ".join(names) + " |",
+              "|---:|---:|" + "---|" * len(names)]
+    for p in laws["predictions"]:
+      cells = [f"{p[k]['rho_star']:.3f} [{p[k]['range'][0]:.3f}, {p[k]['range'][1]:.3f}]"
+               for k in names]
+      lines.append(f"| {p[results.SPACE_SIZE]:,} | {p[results.NUM_CONCEPTS]} | "
+                   + " | ".join(cells) + " |")
   return lines
 
 
@@ -526,13 +557,15 @@ def describe(workdirs, series, step):
 
 
 def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None,
-                formats=("png", "pdf"), metric="accuracy"):
+                formats=("png", "pdf"), metric="accuracy", predict_at=()):
   """Writes figures, ρ* table and scaling law for one sweep or several; returns the summary.
 
   workdir: a sweep's workdir, or a list of them (for example one sweep per object-space size),
   whose replicas are reported together; out_dir is then required. step: "final" (default) or
   "best" (results.select_evaluations). num_draws: refits behind the scaling law's intervals.
   metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (RHO_METRICS).
+  predict_at: (|O|, C) pairs at which each scaling law's ρ* is predicted, with its range over
+  the refits (`scaling_law_intervals`).
   The summary's "finished" is False when a sweep has no done file (still running, or killed):
   the report then covers the rows written so far, and its title says so.
   """
@@ -559,7 +592,7 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
     laws = fit_scaling_laws([r[results.SPACE_SIZE] for r in fitted],
                             [r["rho_star"] for r in fitted],
                             [r[results.NUM_CONCEPTS] for r in fitted])
-    laws = scaling_law_intervals(fitted, laws, num_draws)
+    laws = scaling_law_intervals(fitted, laws, num_draws, predict_at=predict_at)
   out_dir = files.as_path(out_dir or workdirs[0] / results.REPORT_DIR)
   out_dir.mkdir(parents=True, exist_ok=True)
   drawn = ("phase_transition", "scaling_law") if len(fitted) >= 2 else ("phase_transition",)

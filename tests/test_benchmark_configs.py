@@ -20,7 +20,8 @@ def test_learning_time_models_have_the_read_out_their_names_say():
   """A grid model sets only the fields it lists, over the cpu preset's product read-out: a
   model without "product" in its name must have none."""
   bench = _benchmark("binding_learning_time")
-  args = argparse.Namespace(sizes=[4], models=sorted(bench.MODELS), seeds=1, learning_rate=1e-3,
+  args = argparse.Namespace(sizes=[4], models=sorted(bench.MODELS), seeds=1,
+                            learning_rates=[1e-3], weight_decays=[0.1], swaps_per_scene=1,
                             steps=10, eval_every=5)
   _, buckets = grid.expand_grid(bench.make_config(args))
   readouts = {b.replicas[0].model: b.spec.model.product_readout for b in buckets}
@@ -48,6 +49,17 @@ def test_learning_time_law_recovers_a_planted_power_and_checks_the_sizes_left_ou
                          "table": [], "laws": laws})
   assert "not reached by step 40,000, which is consistent with it" in text
   assert "not reached by step 60,000, which contradicts it" in text
+
+
+def test_learning_time_laws_keep_optimiser_settings_apart():
+  """Two learning rates of one model are two configurations, each with its own law."""
+  bench = _benchmark("binding_learning_time")
+  table = [{"model": "m", "learning_rate": lr, "weight_decay": 0.1, "space_size": n,
+            "steps_to_target": scale * n, "final_step": 1e6}
+           for lr, scale in ((1e-3, 10), (3e-3, 5)) for n in (16, 36)]
+  laws = bench.fit_laws(table, extrapolate=(100,))
+  assert sorted(laws) == ["m (lr 0.001, wd 0.1)", "m (lr 0.003, wd 0.1)"]
+  assert [round(law["extrapolated"]["100"]) for law in laws.values()] == [1000, 500]
 
 
 def test_preset_wall_time_pays_start_and_end_once_and_steps_at_the_window_rate(tmp_path,

@@ -36,13 +36,18 @@ REPORTS = sorted(os.path.dirname(p) for p in glob.glob(
 
 @pytest.mark.parametrize("folder", REPORTS, ids=lambda p: os.path.relpath(p, REPO))
 def test_a_report_of_several_sweeps_redraws_its_table(folder, tmp_path):
-  # workdirs.txt names the findings folders (relative to the repository) reported together.
+  # workdirs.txt names the findings folders (relative to the repository) reported together;
+  # predict.txt, where there is one, the sizes (N:C lines) the laws were asked to predict.
   with open(os.path.join(folder, "workdirs.txt")) as f:
     workdirs = [os.path.join(REPO, line.strip()) for line in f if line.strip()]
   assert len(workdirs) > 1 and all(w in FOLDERS for w in workdirs), workdirs
+  predict_at = []
+  if os.path.exists(os.path.join(folder, "predict.txt")):
+    with open(os.path.join(folder, "predict.txt")) as f:
+      predict_at = [tuple(map(int, line.split(":"))) for line in f if line.strip()]
   with open(os.path.join(folder, "critical_coverage.md")) as f:
     committed = f.read()
-  report.make_report(workdirs, out_dir=str(tmp_path), formats=("png",))
+  report.make_report(workdirs, out_dir=str(tmp_path), formats=("png",), predict_at=predict_at)
   with open(tmp_path / "critical_coverage.md") as f:
     assert f.read() == committed
 

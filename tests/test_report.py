@@ -85,6 +85,34 @@ def test_concept_law_separates_concepts_from_size():
     assert low < 0.05 < high and (low < 0 < high) == holds_zero, (se, low, high)
 
 
+def test_predictions_at_sizes_not_run_follow_each_law_and_its_refits():
+  """Planted ρ* = 1.2 − 0.25·log10|O| + 0.05·C: each law's prediction at a new size is its own
+  value there, the concept law's moves with C and the size laws' do not, and every range holds
+  its value and narrows with the points' standard errors."""
+  sizes = np.array([100, 144, 125, 216])
+  concepts = np.array([2, 2, 3, 3])
+  rho = 1.2 - 0.25 * np.log10(sizes) + 0.05 * concepts
+  widths = []
+  for se in (0.002, 0.05):
+    rows = [{"space_size": n, "C": c, "rho_star": r, "standard_error": se, "num_seeds": 4}
+            for n, c, r in zip(sizes, concepts, rho)]
+    laws = report.scaling_law_intervals(rows, report.fit_scaling_laws(sizes, rho, concepts),
+                                        num_draws=400, predict_at=[(400, 2), (400, 4)])
+    at_c2, at_c4 = laws["predictions"]
+    assert (at_c2["space_size"], at_c2["C"], at_c4["C"]) == (400, 2, 4)
+    assert np.isclose(at_c2["concept_log_linear"]["rho_star"], 1.2 - 0.25 * np.log10(400) + 0.1)
+    assert np.isclose(at_c4["concept_log_linear"]["rho_star"] - at_c2["concept_log_linear"]
+                      ["rho_star"], 0.1)
+    assert at_c2["power_law"] == at_c4["power_law"]
+    for p in (at_c2, at_c4):
+      for law in ("power_law", "log_linear", "concept_log_linear"):
+        low, high = p[law]["range"]
+        assert low <= p[law]["rho_star"] <= high, (se, law, p[law])
+    widths.append(np.diff(at_c4["concept_log_linear"]["range"])[0])
+  assert widths[0] < widths[1] / 5
+  assert "| 400 | 4 |" in report.markdown_table([], laws, "final")
+
+
 def test_select_best_and_final():
   rows = _rows(planted={(2, 20): 0.5}, seeds=(0,))
   best = results.select_evaluations(rows, "best")

@@ -7,7 +7,9 @@ held-out accuracy against coverage per seed and series, ρ* as the mean over see
 Student t interval, and a scaling law over sizes. Writes OUT (default DIR/report):
 phase_transition.png/.pdf, scaling_law.png/.pdf (two or more sizes), critical_coverage.md/.json,
 points.json; a non-empty OUT is refused unless --overwrite. --workdir=A,B,... reports several
-sweeps together (one per object-space size, say); --out is then required.
+sweeps together (one per object-space size, say); --out is then required. --predict=N:C,...
+adds each scaling law's ρ* at sizes not yet run (|O| = N with C concepts), with its range over
+the same refits, to critical_coverage.md/.json.
 """
 import os
 
@@ -32,6 +34,8 @@ def main(argv):
                     "held-out figure ρ* is read from: set-separation accuracy on max-object "
                     "scenes, or the binding figure", flag_values=fv)
   flags.DEFINE_string("out", None, "output directory (default WORKDIR/report)", flag_values=fv)
+  flags.DEFINE_string("predict", "", "comma list of N:C, sizes |O| = N with C concepts at which "
+                      "to predict ρ* from the scaling laws", flag_values=fv)
   bj_flags.define_overwrite(fv)
   bj_flags.parse(fv, argv, required=("workdir",), description=__doc__)
   prog, workdirs = argv[0], fv["workdir"].value.split(",")
@@ -41,11 +45,12 @@ def main(argv):
   out = fv["out"].value or os.fspath(epath.Path(workdirs[0]) / results.REPORT_DIR)
   if fv["draws"].value < 1:
     raise bj_flags.UsageError(f"{prog}: --draws={fv['draws'].value}: expected >= 1")
+  predict_at = _sizes(prog, fv["predict"].value)
   bj_flags.check_output_dir(prog, "out", out, fv["overwrite"].value)
   with bj_flags.input_errors(prog):
     summary = report.make_report(workdirs, step=fv["step"].value,
                                  num_draws=fv["draws"].value, out_dir=out,
-                                 metric=fv["metric"].value)
+                                 metric=fv["metric"].value, predict_at=predict_at)
   for row in summary["critical_coverage"]:
     rho = "–" if row["rho_star"] is None else f"{row['rho_star']:.3f}"
     interval = "" if not row["interval"] else " [{:.3f}, {:.3f}]".format(*row["interval"])
@@ -59,3 +64,15 @@ def main(argv):
                 f"{summary['num_replicas']} replicas with rows so far)")
   print("wrote", ", ".join(summary["figures"]) + unfinished)
   return 0
+
+
+def _sizes(prog, text):
+  """[(N, C), ...] of --predict's comma list of N:C; a UsageError naming the bad entry."""
+  sizes = []
+  for entry in filter(None, text.split(",")):
+    parts = entry.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+      raise bj_flags.UsageError(f"{prog}: --predict entry {entry!r}: expected N:C, two positive "
+                                "integers (|O| and the number of concepts)")
+    sizes.append((int(parts[0]), int(parts[1])))
+  return sizes

@@ -8,9 +8,9 @@ Every replica trains at coverage 1 (every object is a training object), so nothi
 and the question is only whether, and after how many steps, the towers learn to bind: the
 binding figure (docs/objectives.md#binding) on training scenes, i.e. the fraction of two-object
 scenes with objects that differ in every concept in which the scene scores both of its objects
-above both cross objects. For each (|O|, model) the table gives the first evaluation step at
-which the figure reaches --target (mean over seeds), its final value, and the set-separation
-accuracy on two-object scenes. One sweep (bindjax.sweep) runs the whole grid; models and sizes
+above both cross objects. For each (|O|, configuration: model, learning rate, weight decay) the
+table gives the first evaluation step at which the figure reaches --target (mean over seeds),
+its final value, and the set-separation accuracy on two-object scenes. One sweep (bindjax.sweep) runs the whole grid; models and sizes
 are buckets, seeds are replicas.
 
 Writes experiments/benchmarks/results/binding_learning_time.{md,json,png} (or --out).
@@ -42,6 +42,14 @@ MODELS = {
     "cpu_product_query": dict(CPU_TOWERS, product_readout="query"),
     "deep": dict(CPU_TOWERS, num_layers=4, product_readout="none"),
     "cpu_ff2048": dict(CPU_TOWERS, d_ff=2048, product_readout="none"),
+    # Plain-tower levers of the learning-time search (docs/findings/learning_time.md): the
+    # training cap on the similarity's scale, a wider output, a wider residual stream, a
+    # middle feed-forward width, a third layer.
+    "cpu_cap100": dict(CPU_TOWERS, train_logit_cap=100.0, product_readout="none"),
+    "cpu_dout64": dict(CPU_TOWERS, d_out=64, product_readout="none"),
+    "cpu_d128": dict(CPU_TOWERS, d_model=128, product_readout="none"),
+    "cpu_ff1024": dict(CPU_TOWERS, d_ff=1024, product_readout="none"),
+    "cpu_l3": dict(CPU_TOWERS, num_layers=3, product_readout="none"),
     "paper": dict(PAPER_TOWERS, product_readout="none"),
     "paper_product": dict(PAPER_TOWERS, product_readout="both"),
 }
@@ -53,7 +61,9 @@ def make_config(args):
   config.grid.spaces = tuple((2, v) for v in args.sizes)
   config.grid.coverages = (1.0,)
   config.grid.seeds = tuple(range(args.seeds))
-  config.grid.learning_rates = (args.learning_rate,)
+  config.grid.learning_rates = tuple(args.learning_rates)
+  config.grid.weight_decays = tuple(args.weight_decays)
+  config.sampler.swaps_per_scene = args.swaps_per_scene
   config.grid.models = tuple(dict(name=name, **MODELS[name]) for name in args.models)
   config.num_steps = args.steps
   config.eval.every = args.eval_every
@@ -63,20 +73,24 @@ def make_config(args):
 
 
 def learning_times(rows, target, run=0):
-  """Per (|O|, model): steps to reach `target` train/binding (seed mean), final values. `run`
-  labels the entries with the index of their rows' file when several runs are tabulated."""
+  """Per (|O|, model, learning rate, weight decay): steps to reach `target` train/binding (seed
+  mean), final values. `run` labels the entries with the index of their rows' file when several
+  runs are tabulated."""
   binding, accuracy = results.binding(results.TRAIN), results.object_accuracy(results.TRAIN, 2)
   curves = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in rows:
     if row.get(results.KIND) == "eval" and row.get(binding) is not None:
-      curves[(row[results.SPACE_SIZE], row[results.MODEL])][row[results.STEP]].append(row)
+      key = (row[results.SPACE_SIZE], row[results.MODEL], row[results.LEARNING_RATE],
+             row[results.WEIGHT_DECAY])
+      curves[key][row[results.STEP]].append(row)
   table = []
-  for (size, model), by_step in sorted(curves.items()):
+  for (size, model, lr, wd), by_step in sorted(curves.items()):
     steps = sorted(by_step)
     mean = {s: sum(r[binding] for r in by_step[s]) / len(by_step[s]) for s in steps}
     acc2 = {s: sum(r[accuracy] for r in by_step[s]) / len(by_step[s]) for s in steps}
     reached = [s for s in steps if mean[s] >= target]
     table.append({"space_size": size, "model": model, "run": run,
+                  "learning_rate": lr, "weight_decay": wd,
                   "seeds": len(by_step[steps[-1]]),
                   "steps_to_target": reached[0] if reached else None,
                   "final_step": steps[-1], "final_binding": mean[steps[-1]],
@@ -85,14 +99,23 @@ def learning_times(rows, target, run=0):
   return table
 
 
+def configuration(entry):
+  """The name of an entry's training configuration: its model, and its learning rate and
+  weight decay where the entry records them."""
+  if "learning_rate" not in entry:
+    return entry["model"]
+  return f"{entry['model']} (lr {entry['learning_rate']:g}, wd {entry['weight_decay']:g})"
+
+
 def fit_laws(table, extrapolate=(400, 2500)):
-  """Per model with two or more sizes that reached the target: steps = a·|O|^b by least
-  squares in log-log, its values at the `extrapolate` sizes, and at every size of that model
-  that did not reach the target within its final step (where the law is tested, not fitted)."""
+  """Per configuration with two or more sizes that reached the target: steps = a·|O|^b by
+  least squares in log-log, its values at the `extrapolate` sizes, and at every size of that
+  configuration that did not reach the target within its final step (where the law is tested,
+  not fitted)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   laws = {}
-  for model in sorted({r["model"] for r in table}):
-    entries = [r for r in table if r["model"] == model]
+  for name in sorted({configuration(r) for r in table}):
+    entries = [r for r in table if configuration(r) == name]
     first = {}
     for r in entries:
       if r["steps_to_target"] is not None:
@@ -102,7 +125,7 @@ def fit_laws(table, extrapolate=(400, 2500)):
     sizes = sorted(first)
     b, log_a = np.polyfit(np.log(sizes), np.log([first[n] for n in sizes]), 1)
     predict = lambda n, a=float(np.exp(log_a)), b=float(b): a * n ** b
-    laws[model] = {
+    laws[name] = {
         "a": float(np.exp(log_a)), "b": float(b), "sizes": sizes,
         "extrapolated": {str(n): predict(n) for n in extrapolate},
         "not_reached": [{"space_size": r["space_size"], "final_step": r["final_step"],
@@ -117,15 +140,15 @@ def markdown(result):
            (f"{result['devices']}; {result['replica_steps']:,} replica-steps in "
             f"{result['wall_seconds']:.0f} s; load before: {result['load_before']}"
             if result["wall_seconds"] else result["devices"]), "",
-           "| \\|O\\| | model | seeds | steps to target | final step | final binding | "
+           "| \\|O\\| | configuration | seeds | steps to target | final step | final binding | "
            "final 2-obj accuracy |", "|---:|---|---:|---:|---:|---:|---:|"]
   for r in result["table"]:
     reached = r["steps_to_target"] if r["steps_to_target"] is not None else "not reached"
-    lines.append(f"| {r['space_size']} | {r['model']} | {r['seeds']} | {reached} | "
+    lines.append(f"| {r['space_size']} | {configuration(r)} | {r['seeds']} | {reached} | "
                  f"{r['final_step']} | {r['final_binding']:.3f} | "
                  f"{r['final_object_accuracy_2obj']:.3f} |")
-  for model, law in result.get("laws", {}).items():
-    lines += ["", f"Law for {model} over |O| = {', '.join(map(str, law['sizes']))}: steps ≈ "
+  for name, law in result.get("laws", {}).items():
+    lines += ["", f"Law for {name} over |O| = {', '.join(map(str, law['sizes']))}: steps ≈ "
               f"{law['a']:.3g}·|O|^{law['b']:.2f}"
               + (" (exact through two sizes: no residual, no interval)"
                  if len(law["sizes"]) == 2 else "") + "; extrapolated: " + ", ".join(
@@ -142,22 +165,27 @@ def plot(table, target, path):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  models = sorted({r["model"] for r in table})
-  if not models:   # a run cut before its first evaluation: the table says so, nothing to draw
+  names = sorted({configuration(r) for r in table})
+  if not names:   # a run cut before its first evaluation: the table says so, nothing to draw
     return
-  fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False,
+  columns = min(len(names), 4)
+  rows = -(-len(names) // columns)
+  fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), squeeze=False,
                            sharey=True)
-  for ax, model in zip(axes[0], models):
-    for r in (r for r in table if r["model"] == model):
+  for ax, name in zip(axes.flat, names):
+    for r in (r for r in table if configuration(r) == name):
       steps, values = zip(*r["curve"])
       ax.plot(steps, values, marker=".",
               label=f"|O|={r['space_size']} ({r['final_step']:,} steps)")
     ax.axhline(target, color="grey", lw=0.8, ls="--")
-    ax.set_title(model)
+    ax.set_title(name, fontsize=9)
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=8)
-  axes[0][0].set_ylabel("binding on training scenes")
+  for ax in axes.flat[len(names):]:
+    ax.set_visible(False)
+  for ax in axes[:, 0]:
+    ax.set_ylabel("binding on training scenes")
   fig.tight_layout()
   files.save_figure(fig, path, dpi=120)
   plt.close(fig)
@@ -171,7 +199,11 @@ def main():
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--eval_every", type=int, default=250)
   parser.add_argument("--seeds", type=int, default=1)
-  parser.add_argument("--learning_rate", type=float, default=1e-3)
+  parser.add_argument("--learning_rates", default="1e-3", help="comma list (a grid axis)")
+  parser.add_argument("--weight_decays", default="0.1",
+                      help="comma list (a grid axis; 0.1 is the cpu preset's)")
+  parser.add_argument("--swaps_per_scene", type=int, default=1,
+                      help="swap negatives per scene: the only negatives that need binding")
   parser.add_argument("--target", type=float, default=0.9)
   parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "binding_learning_time"))
   parser.add_argument("--out", default=os.path.join(RESULTS, "binding_learning_time"))
@@ -183,6 +215,8 @@ def main():
   args = parser.parse_args()
   args.sizes = [int(v) for v in args.sizes.split(",")]
   args.models = args.models.split(",")
+  args.learning_rates = [float(v) for v in args.learning_rates.split(",")]
+  args.weight_decays = [float(v) for v in args.weight_decays.split(",")]
   unknown = [m for m in args.models if m not in MODELS]
   if unknown:
     parser.error(f"--models: unknown {unknown}; expected names from {sorted(MODELS)}")
@@ -190,7 +224,7 @@ def main():
     paths = args.tabulate.split(",")
     table = [entry for run, path in enumerate(paths)
              for entry in learning_times(files.read_jsonl(path), args.target, run)]
-    table.sort(key=lambda r: (r["model"], r["space_size"], r["final_step"]))
+    table.sort(key=lambda r: (configuration(r), r["space_size"], r["final_step"]))
     runs = ", ".join(os.path.basename(os.path.dirname(p)) for p in paths)
     write(args, {"command": f"rows of {runs}", "devices": args.note, "load_before": None,
                  "wall_seconds": None, "replica_steps": None, "target": args.target,
