@@ -534,6 +534,7 @@ def test_sweep_results_feed_the_report(reference, tmp_path, metric):
   from bindjax import cli
   workdir, _, rows = reference
   evals = [r for r in rows if r["kind"] == "eval"]
+  assert evals
   for prefix in ("heldout", "train"):
     assert all(0.0 <= r[f"{prefix}/binding"] <= 1.0 for r in evals)
     assert all(r[f"{prefix}/binding_scenes"] >= 0 for r in evals)
