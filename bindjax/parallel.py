@@ -201,7 +201,7 @@ def gather_to_host(tree, mesh):
   if any(np.dtype(x.dtype).itemsize != 4 for x in leaves):
     raise ValueError(f"gather_to_host: expected 32-bit leaves, got "
                      f"{sorted({str(x.dtype) for x in leaves})}")
-  packed_RxM = np.asarray(_pack(leaves, replicated_sharding(mesh)).addressable_data(0))
+  packed_RxM = np.asarray(pack_columns(leaves, replicated_sharding(mesh)).addressable_data(0))
   out, offset = [], 0
   for x in leaves:
     width = int(np.prod(x.shape[1:]))
@@ -212,8 +212,10 @@ def gather_to_host(tree, mesh):
 
 
 @functools.partial(jax.jit, static_argnums=1)
-def _pack(leaves, sharding):
-  # Joined along the unsharded axis, so the only collective is the gather of the result.
+def pack_columns(leaves, sharding):
+  """uint32 [R, M]: the bits of 32-bit `leaves` (sharing a leading axis R) side by side, laid
+  out as `sharding`; joined along the unsharded axis, so the only collective is the gather of
+  the result."""
   columns = [jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(x.shape[0], -1) for x in leaves]
   return jax.lax.with_sharding_constraint(jnp.concatenate(columns, axis=1), sharding)
 

@@ -135,9 +135,11 @@ def _rotate_left(x, r):
   return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
 
 
-def _threefry2x32(key0, key1, x0, x1):
-  """Threefry-2x32 with 20 rounds (Salmon et al. 2011), unrolled: XLA:CPU runs jax's rolled
-  version as a while loop, about twice as slow for the few thousand words a batch needs."""
+def threefry2x32(key0, key1, x0, x1):
+  """Threefry-2x32 with 20 rounds (Salmon et al. 2011): the two uint32 output words for the
+  counter words (x0, x1) under the key (key0, key1), elementwise; the same words as
+  `jax.extend.random.threefry_2x32`. Unrolled: XLA:CPU runs jax's rolled version as a while
+  loop, about twice as slow for the few thousand words a batch needs."""
   rotations = ((13, 15, 26, 6), (17, 29, 16, 24))
   keys = (key0, key1, key0 ^ key1 ^ np.uint32(0x1BD11BDA))
   x0, x1 = x0 + keys[0], x1 + keys[1]
@@ -159,7 +161,7 @@ def _random_bits(key, n):
     key = jax.random.key_data(key)
   key = jnp.asarray(key).astype(jnp.uint32)
   counter = jnp.arange((n + 1) // 2, dtype=jnp.uint32)
-  high, low = _threefry2x32(key[0], key[1], jnp.zeros_like(counter), counter)
+  high, low = threefry2x32(key[0], key[1], jnp.zeros_like(counter), counter)
   return jnp.concatenate([high, low])[:n]
 
 
@@ -185,9 +187,10 @@ TABLE_LIMIT = 1 << 20
 MAX_INDEX_BITS = 20
 
 
-def _first_occurrences(ids_N, num_objects, table_limit=TABLE_LIMIT):
-  """bool [N]: entry holds a valid id (< num_objects) seen at no earlier position; by a table
-  indexed by id up to `table_limit` objects, by a sort above."""
+def first_occurrences(ids_N, num_objects, table_limit=TABLE_LIMIT):
+  """bool [N]: entry holds a valid id (in [0, num_objects)) seen at no earlier position; by a
+  table indexed by id up to `table_limit` objects, by a sort above (a lower `table_limit` takes
+  the sort with fewer objects)."""
   n = ids_N.shape[0]
   position_N = jnp.arange(n, dtype=jnp.int32)
   valid_N = (ids_N >= 0) & (ids_N < num_objects)
@@ -201,9 +204,10 @@ def _first_occurrences(ids_N, num_objects, table_limit=TABLE_LIMIT):
   return valid_N & jnp.zeros((n,), bool).at[order_N].set(starts_N)
 
 
-def _random_subset(words_N, keep_N, size, max_index_bits=MAX_INDEX_BITS):
+def random_subset(words_N, keep_N, size, max_index_bits=MAX_INDEX_BITS):
   """A uniformly random subset of at most `size` kept positions: (positions [size], valid);
-  top_k when a position needs more than `max_index_bits` bits.
+  `words_N` holds one random uint32 per position; top_k when a position needs more than
+  `max_index_bits` bits.
 
   One single-operand sort of uint32 keys (random priority in the high bits, position in the low
   bits), which on CPU is several times cheaper than top_k's key-value sort. Equal priorities are
@@ -237,9 +241,9 @@ def _scatter_rows(columns_BxN, num_columns, dtype):
       1, mode="drop")
 
 
-def _membership_labels(ids_BxK, query_ids_Q, query_mask_Q, num_objects, table_limit=TABLE_LIMIT):
-  """float32 [B, Q]: 1 where query q is one of the objects of scene b; by a table indexed by id
-  up to `table_limit` objects, by comparisons above."""
+def membership_labels(ids_BxK, query_ids_Q, query_mask_Q, num_objects, table_limit=TABLE_LIMIT):
+  """float32 [B, Q]: 1 where masked-in query q is one of the objects of scene b (ids < 0 are
+  empty slots); by a table indexed by id up to `table_limit` objects, by comparisons above."""
   q = query_ids_Q.shape[0]
   if num_objects > table_limit:
     hits_BxQ = jnp.any(ids_BxK[:, :, None] == query_ids_Q[None, None, :], axis=1)
@@ -285,7 +289,7 @@ def _concept_queries(words, objects_BxKxC, slot_mask_BxK, space, sampler):
     mask_Qc = batch_present_T
     labels_BxQc = present_BxT          # absent tokens are masked and all-zero columns already
   else:
-    token_Qc, mask_Qc = _random_subset(words["concept"], batch_present_T, num_queries)
+    token_Qc, mask_Qc = random_subset(words["concept"], batch_present_T, num_queries)
     labels_BxQc = jnp.where(mask_Qc[None, :], jnp.take(present_BxT, token_Qc, axis=1), 0.0)
   query_tokens_QcxLq = jnp.asarray(space.concept_query_tokens())[token_Qc]
   return query_tokens_QcxLq, mask_Qc, labels_BxQc
@@ -294,8 +298,8 @@ def _concept_queries(words, objects_BxKxC, slot_mask_BxK, space, sampler):
 def _positive_candidates(words, ids_BxK, space, sampler):
   """A random subset of the distinct scene objects; `|O|` marks an empty slot."""
   ids_N = ids_BxK.reshape(-1)
-  first_N = _first_occurrences(ids_N, space.num_objects)
-  position_P, valid_P = _random_subset(words["positive"], first_N,
+  first_N = first_occurrences(ids_N, space.num_objects)
+  position_P, valid_P = random_subset(words["positive"], first_N,
                                        sampler.num_positive_queries(space))
   return jnp.where(valid_P, ids_N[position_P], space.num_objects)
 
@@ -364,7 +368,7 @@ def _object_queries(words, count_B, ids_BxK, objects_BxKxC, permutation_O, num_t
     built_PxN = jnp.where(positive_P[:, None] < sentinel, built_PxN, sentinel)
     candidates.append(built_PxN.reshape(-1))
   candidates_N = jnp.concatenate(candidates)
-  first_N = _first_occurrences(candidates_N, sentinel)
+  first_N = first_occurrences(candidates_N, sentinel)
   num_queries = sampler.num_object_queries(space)
   if num_queries < candidates_N.shape[0]:
     # More candidate slots than objects: move the distinct ids to the front.
@@ -373,7 +377,7 @@ def _object_queries(words, count_B, ids_BxK, objects_BxKxC, permutation_O, num_t
   else:
     mask_Qo = first_N
     ids_Qo = jnp.where(mask_Qo, candidates_N, -1)
-  labels_BxQo = _membership_labels(ids_BxK, ids_Qo, mask_Qo, space.num_objects)
+  labels_BxQo = membership_labels(ids_BxK, ids_Qo, mask_Qo, space.num_objects)
   tokens_QoxLq = space.object_query_tokens(jnp.maximum(ids_Qo, 0))
   return tokens_QoxLq, ids_Qo, mask_Qo, labels_BxQo
 

@@ -1,6 +1,7 @@
 """bindjax.checkpoint (orbax) and exact resume of `bindjax train` after SIGKILL."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -220,10 +221,18 @@ def test_restore_row_reads_one_verified_row_and_skipped_arrays_not_at_all(tmp_pa
 def save_without_row_checksums(directory, step, state, metadata):
   """A checkpoint as saves wrote them before row checksums: whole-array chunks, and the array
   and metadata checksums alone."""
+  # The metadata digest is the one a current save records: it covers the metadata alone.
+  current = f"{directory}_current"
+  with checkpoint.Checkpoints(current, async_save=False) as ckpt:
+    ckpt.save(step, state, metadata)
+  manager = ocp.CheckpointManager(current, item_names=("metadata",))
+  recorded = manager.restore(step, args=ocp.args.Composite(
+      metadata=ocp.args.JsonRestore()))["metadata"][checkpoint.CHECKSUM_KEY]
+  manager.close()
+  shutil.rmtree(current)
   metadata = dict(metadata)
-  digest = checkpoint._metadata_digest(metadata)  # pylint: disable=protected-access
   metadata[checkpoint.CHECKSUM_KEY] = {"arrays": checkpoint.tree_checksums(state),
-                                       "metadata": digest}
+                                       "metadata": recorded["metadata"]}
   manager = ocp.CheckpointManager(directory, item_names=("state", "metadata"))
   manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                              metadata=ocp.args.JsonSave(metadata)))

@@ -19,7 +19,7 @@ COMPLEXITY = os.path.join(REPO, "experiments", "complexity.py")
 
 def run(argv, capsys, monkeypatch):
   """(exit status, stdout, stderr lines) of `bindjax ARGV` in-process."""
-  code, out, err = test_workdir_integrity._cli(argv, capsys, monkeypatch)   # pylint: disable=protected-access
+  code, out, err = test_workdir_integrity.run_cli(argv, capsys, monkeypatch)
   return code, "\n".join(out), err
 
 

@@ -80,6 +80,7 @@ def test_clevr_object_split_counts_match_spec():
   assert counts[1].tolist() == [4, 484, 88] and counts[2].tolist() == [441, 9, 126]
   masks = np.asarray(data_lib.scene_masks(data.object_ids_NxK, perm, num_train))
   train_objects = set(perm[:12].tolist())
+  assert masks[0].any() and masks[2].any()
   for n in np.flatnonzero(masks[0])[:20]:
     assert set(ids[n].tolist()) <= train_objects
   for n in np.flatnonzero(masks[2])[:20]:
@@ -379,6 +380,7 @@ def test_restart_candidates_train_and_are_scored_on_training_scenes_only():
     candidate[rows[m][valid[m]]] = True
     # Candidates fit scenes of the kept training objects; they are scored on the other
     # train-only scenes, each holding a held-out training object.
+    assert candidate.any() and score[m].any()
     assert not (candidate & score[m]).any()
     assert ((candidate | score[m]) == train_only_MxN[m]).all()
     assert all(set(ids[n].tolist()) & held_out for n in np.flatnonzero(score[m]))

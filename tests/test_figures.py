@@ -6,9 +6,9 @@ import matplotlib
 import numpy as np
 import pytest
 
+from bindjax import files
 from bindjax import report
 from bindjax.plots import binding_fits
-from bindjax.plots import phase_transition
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOUR_SIZES = [os.path.join(REPO, "docs", "findings", "scaling_law", name)
@@ -20,13 +20,11 @@ def figures(monkeypatch):
   """The figures the plots would save, by file stem, instead of saving them."""
   drawn = {}
 
-  def keep(fig, path_stem, formats):
-    del formats
+  def keep(fig, path_stem, formats, **savefig_kwargs):
+    del formats, savefig_kwargs
     drawn[os.path.basename(str(path_stem))] = fig
     return []
-  monkeypatch.setattr(phase_transition, "_save", keep)
-  monkeypatch.setattr(binding_fits.files, "save_figures", lambda fig, stem, *a, **k: (
-      drawn.__setitem__(os.path.basename(str(stem)), fig) or []))
+  monkeypatch.setattr(files, "save_figures", keep)
   yield drawn
   matplotlib.pyplot.close("all")
 

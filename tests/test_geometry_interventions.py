@@ -100,7 +100,7 @@ def test_clevr_text_results(clevr_text):
   # k = 0 leaves the scene unchanged: it retrieves itself, never the counterpart.
   assert summary["results"]["pos-avg"]["by_strength"]["0"]["all"]["retrieval"] == 0.0
   hits = [r for r in rows if r["bank"] == "pos-avg" and r["k"] == 1.0 and r["hit"]]
-  assert all(r["top_row"] == r["counterpart_row"] for r in hits)
+  assert hits and all(r["top_row"] == r["counterpart_row"] for r in hits)
 
 
 def test_planted_position_dependent_pos_avg_retrieves_everything():
@@ -127,7 +127,7 @@ def test_planted_position_independent_ties_are_reported():
 def test_planted_product_binding_defeats_replacement():
   es = planted.planted_set("product")
   summary, _ = interventions.run_interventions(es, config(probes="none"))
-  assert summary["probes"] is None
+  assert summary["probes"] is None and summary["results"]
   for result in summary["results"].values():
     m = result["by_strength"]["1"]["all"]
     assert m["retrieval"] < 0.05 and "probe" not in m
@@ -149,7 +149,7 @@ def test_missing_control_scenes_are_skipped_and_counted():
     objs = [list(o) for o in es.objects[case.scene_row]]
     objs[case.slot][0] = case.target
     absent += tuple(map(tuple, objs)) not in scenes
-  assert absent > 0
+  assert absent > 0 and summary["results"]
   for bank, result in summary["results"].items():
     assert result["skipped"]["counterpart_absent"] == absent
     evaluated = result["by_strength"]["1"]["all"]["cases"]

@@ -129,7 +129,7 @@ def test_a_packed_sweep_gives_the_rows_of_the_sweep_in_turn(in_turn_and_packed):
   assert "bucket 1 (replicas 2-2): 1 replicas (padded to 1), |O| = 16, d_model 16" in " ".join(log)
   # A replica's program differs in how many replicas it runs beside, so floats may differ in
   # their last bits; the rows' order, steps and kinds may not.
-  test_sweep._assert_rows_close(rows, turn_rows)  # pylint: disable=protected-access
+  test_sweep.assert_rows_close(rows, turn_rows)
   done = files.read_json(os.path.join(workdir, results.DONE_FILE))
   assert done["results_sha256"] == results.rows_digest(rows)
 
@@ -225,6 +225,6 @@ def test_two_processes_run_lanes_that_span_both(tmp_path):
   codes, outputs = test_sweep.run_two_processes(os.path.abspath(__file__), workdir, timeout=600)
   assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
   assert "2 lanes of 2 devices (1 per replica), 2 parts," in outputs[0]
-  test_sweep._assert_rows_close(  # pylint: disable=protected-access
+  test_sweep.assert_rows_close(
       files.read_jsonl(os.path.join(workdir, results.RESULTS_FILE)),
       files.read_jsonl(os.path.join(one, results.RESULTS_FILE)))

@@ -62,7 +62,7 @@ def test_gather_to_host_is_bit_exact_in_one_collective():
     assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
   assert got[0]["empty"] is None
   leaves = jax.tree.leaves(sharded)
-  hlo = parallel._pack.lower(leaves, parallel.replicated_sharding(mesh)).compile().as_text()
+  hlo = parallel.pack_columns.lower(leaves, parallel.replicated_sharding(mesh)).compile().as_text()
   assert hlo.count("all-gather(") == 1, hlo
   with pytest.raises(ValueError, match="expected 32-bit leaves"):
     parallel.gather_to_host(parallel.shard_replicas(np.ones(8, bool), mesh), mesh)

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from bindjax import files
 from bindjax import report
 from bindjax import results
 from bindjax.commands import report as report_command
@@ -333,22 +334,24 @@ def _write_and_return(workdir, rows):
 
 def test_a_long_title_stays_inside_the_scaling_law_figure(monkeypatch):
   from bindjax.plots import phase_transition  # pylint: disable=g-import-not-at-top
-  drawn = []
-  monkeypatch.setattr(phase_transition, "_save", lambda fig, *_: drawn.append(fig) or [])
+  boxes = []
+
+  def measure_title(fig, *_, **__):
+    fig.canvas.draw()    # as saving does
+    boxes.append((fig.axes[0].title.get_window_extent(fig.canvas.get_renderer()), fig.bbox.width))
+    return []
+  monkeypatch.setattr(files, "save_figures", measure_title)
   critical = [{results.NUM_CONCEPTS: 2, results.SPACE_SIZE: n, "rho_star": rho,
                "interval": (rho - 0.05, rho + 0.05)} for n, rho in ((100, 0.81), (196, 0.58))]
   names = " + ".join(f"scaling_law/cpu_{n}" for n in (100, 125, 144, 196))
   phase_transition.plot_scaling_law(critical, None, "unused",
                                     title=f"{names}: |O| = 100, 125, 144, 196; final step")
-  (fig,) = drawn
-  fig.canvas.draw()
-  box = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
-  assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox)
+  ((box, width),) = boxes
+  assert 0 <= box.x0 and box.x1 <= width, (box, width)
 
 
 def test_the_report_records_only_the_figures_it_draws(tmp_path):
   """One size: no scaling law, so bindjax_outputs.json does not name scaling_law.png."""
-  from bindjax import files  # pylint: disable=g-import-not-at-top
   folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
                         "findings", "scaling_law", "cpu_196")
   summary = report.make_report(folder, out_dir=str(tmp_path), num_draws=10, formats=("png",))

@@ -74,7 +74,7 @@ def _numbers(row):
   return {k: v for k, v in row.items() if isinstance(v, float)}
 
 
-def _assert_rows_close(got, expected, rtol=1e-4, atol=1e-5):
+def assert_rows_close(got, expected, rtol=1e-4, atol=1e-5):
   assert [(r["replica"], r["step"], r["kind"]) for r in got] == [
       (r["replica"], r["step"], r["kind"]) for r in expected]
   for a, b in zip(got, expected):
@@ -173,7 +173,7 @@ def test_unsharded_chunked_equals_sharded(reference, tmp_path):
   c = tiny_config()
   c.sweep.chunk_size = "4"  # 3 chunks of 4 replicas on one device
   sweep.run_sweep(c, str(tmp_path), progress=False, devices=jax.devices()[:1])
-  _assert_rows_close(_rows(str(tmp_path)), rows)
+  assert_rows_close(_rows(str(tmp_path)), rows)
 
 
 def test_rerun_into_finished_workdir_does_nothing(reference):
@@ -445,7 +445,7 @@ def test_two_processes_equal_one(reference, tmp_path):
   codes, outputs = run_two_processes(os.path.join(REPO, "tests", "test_sweep.py"), workdir)
   assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
   assert "on 4 devices (2 processes)" in outputs[0]
-  _assert_rows_close(_rows(workdir), rows)
+  assert_rows_close(_rows(workdir), rows)
 
 
 def test_data_axis_splits_each_replicas_batch_and_matches():
@@ -534,6 +534,7 @@ def test_sweep_results_feed_the_report(reference, tmp_path, metric):
   from bindjax import cli
   workdir, _, rows = reference
   evals = [r for r in rows if r["kind"] == "eval"]
+  assert evals
   for prefix in ("heldout", "train"):
     assert all(0.0 <= r[f"{prefix}/binding"] <= 1.0 for r in evals)
     assert all(r[f"{prefix}/binding_scenes"] >= 0 for r in evals)

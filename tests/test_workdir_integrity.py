@@ -67,7 +67,7 @@ def _resume(workdir, **kwargs):
   return messages
 
 
-def _cli(argv, capsys, monkeypatch):
+def run_cli(argv, capsys, monkeypatch):
   """(exit status, stdout lines, stderr lines) of `bindjax ARGV` in-process."""
   monkeypatch.setattr(sys, "argv", ["bindjax"] + list(argv))
   try:
@@ -133,7 +133,7 @@ def test_ctrl_c_says_one_line_exits_130_and_the_same_command_resumes(reference, 
   assert err == [f"bindjax sweep: interrupted at replica-step {len(replicas)} of "
                  f"{len(replicas) * test_sweep.NUM_STEPS}; run the same command to resume"], err
   assert not os.path.exists(os.path.join(workdir, results.DONE_FILE))
-  code, _, err = _cli(argv, capsys, monkeypatch)
+  code, _, err = run_cli(argv, capsys, monkeypatch)
   assert code == 0 and not err, err
   assert _text(workdir, results.RESULTS_FILE) == reference[1]
 
@@ -166,7 +166,7 @@ def test_a_second_run_on_a_live_workdir_is_refused_at_once(tmp_path, capsys, mon
   try:
     before = _snapshot(workdir)
     start = time.time()
-    code, _, err = _cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress"],
+    code, _, err = run_cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress"],
                         capsys, monkeypatch)
     assert code == flags.INPUT_ERROR and len(err) == 1, err
     assert time.time() - start < 60   # refused before anything compiled
@@ -222,7 +222,7 @@ def test_readers_read_a_live_workdir_without_the_lock(reference, tmp_path, capsy
   workdir = _copy(reference, tmp_path, finished=False)
   holder = _holder(workdir)
   try:
-    code, out, _ = _cli(["report", f"--workdir={workdir}", f"--out={tmp_path / 'report'}",
+    code, out, _ = run_cli(["report", f"--workdir={workdir}", f"--out={tmp_path / 'report'}",
                          "--draws=5"], capsys, monkeypatch)
     assert code == 0
     # The report of an unfinished sweep says so.
@@ -291,13 +291,13 @@ def test_a_bad_line_before_the_last_stops_every_reader(reference, tmp_path, caps
   open(path, "w").write("".join(lines[:9] + ['{"kind": "eval", "repl\n'] + lines[10:]))
   with pytest.raises(ValueError, match=f"{path}:10: not a JSON object"):
     results.read_rows(workdir)
-  code, _, err = _cli(["report", f"--workdir={workdir}", f"--out={tmp_path / 'r'}"], capsys,
+  code, _, err = run_cli(["report", f"--workdir={workdir}", f"--out={tmp_path / 'r'}"], capsys,
                       monkeypatch)
   assert code == flags.INPUT_ERROR and len(err) == 1 and f"{path}:10: " in err[0], err
   assert not os.path.exists(tmp_path / "r")
   # A torn last line (a writer killed mid-append) is skipped, with a one-line warning.
   open(path, "w").write(reference[1] + '{"kind": "eval", "repl')
-  code, _, err = _cli(["report", f"--workdir={workdir}", f"--out={tmp_path / 'r'}",
+  code, _, err = run_cli(["report", f"--workdir={workdir}", f"--out={tmp_path / 'r'}",
                        "--draws=5"], capsys, monkeypatch)
   assert code == 0
   assert err == [f"bindjax report: warning: {path}:{len(lines) + 1}: skipped a torn last line "
@@ -342,7 +342,7 @@ def test_a_run_whose_checkpoints_are_all_damaged_refuses_and_rewrites_nothing(
     for data in _data_files(workdir, step):
       _flip(data, [os.path.getsize(data) // 2], mask=0x01)
   before = _snapshot(workdir)
-  code, _, err = _cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress",
+  code, _, err = run_cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress",
                        "--noreport"], capsys, monkeypatch)
   assert code == flags.INPUT_ERROR, err
   assert len(err) == 1 and err[0].startswith("bindjax sweep: checkpoint ")
@@ -385,7 +385,7 @@ def test_a_rerun_into_a_finished_workdir_changes_nothing(reference, tmp_path, ca
   workdir = _copy(reference, tmp_path)
   report.make_report(workdir, num_draws=5, formats=("png",))
   before = _snapshot(workdir)
-  code, out, _ = _cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress"],
+  code, out, _ = run_cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress"],
                       capsys, monkeypatch)
   assert code == 0 and out[-1].startswith("report: left as it is"), out
   assert _snapshot(workdir) == before
@@ -398,7 +398,7 @@ def test_overwrite_removes_only_what_bindjax_recorded(reference, tmp_path, capsy
           os.path.join(workdir, "notes.txt"): b"a user's notes"}
   for path, data in mine.items():
     open(path, "wb").write(data)
-  code, _, err = _cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress",
+  code, _, err = run_cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress",
                        "--overwrite"], capsys, monkeypatch)
   assert code == 0, err
   for path, data in mine.items():
@@ -413,7 +413,7 @@ def test_overwrite_into_a_foreign_directory_refuses_names_like_outputs(tmp_path,
   workdir.mkdir()
   (workdir / results.SUMMARY_FILE).write_text("a user's table")
   before = _snapshot(workdir)
-  code, _, err = _cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--overwrite"],
+  code, _, err = run_cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--overwrite"],
                       capsys, monkeypatch)
   assert code == flags.USAGE_ERROR and len(err) == 1, err
   assert f"holds {results.SUMMARY_FILE}, which bindjax did not record as its outputs" in err[0]
@@ -456,7 +456,7 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_is_exact(
 
   monkeypatch.setattr(checkpoint.Checkpoints, "save", fill_the_disk_after_the_first_save)
   try:
-    code, _, err = _cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress",
+    code, _, err = run_cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress",
                          "--noreport"], capsys, monkeypatch)
   finally:
     resource.setrlimit(resource.RLIMIT_FSIZE, limits)
@@ -486,7 +486,7 @@ def test_a_full_disk_while_appending_rows(reference, tmp_path, capsys, monkeypat
     append(f, rows)
 
   monkeypatch.setattr(files, "append_jsonl", append_until_full)
-  code, _, err = _cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress",
+  code, _, err = run_cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress",
                        "--noreport"], capsys, monkeypatch)
   assert code == flags.INPUT_ERROR and err == [
       f"bindjax sweep: [Errno 28] cannot write {workdir}/{results.RESULTS_FILE}: No space left "
