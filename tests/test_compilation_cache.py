@@ -1,5 +1,6 @@
 """The persistent compilation cache of the commands: where it lives, off by a variable, and a
-second run of the same sweep in another workdir compiles nothing new."""
+second run of the same sweep in another workdir compiles nothing new and loads the bucket's
+programs whole."""
 import os
 import subprocess
 import sys
@@ -52,12 +53,18 @@ def test_second_sweep_loads_every_program_from_the_cache(tmp_path):
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   cache = compilation_cache.cache_dir(env)
 
-  def sweep(workdir):
-    subprocess.run([sys.executable, "-m", "bindjax.cli", "sweep", f"--config={__file__}",
-                    f"--workdir={tmp_path / workdir}", "--noprogress", "--noreport"],
-                   env=env, check=True, timeout=600, capture_output=True)
-    return _entries(cache)
+  programs = os.path.join(cache, compilation_cache.PROGRAMS)
 
-  first = sweep("a")
-  assert first, "the first run cached no program"
-  assert sweep("b") == first
+  def sweep(workdir):
+    run = subprocess.run([sys.executable, "-m", "bindjax.cli", "sweep", f"--config={__file__}",
+                          f"--workdir={tmp_path / workdir}", "--noprogress", "--noreport"],
+                         env=env, check=True, timeout=600, capture_output=True, text=True)
+    return _entries(cache), _entries(programs), run.stdout + run.stderr
+
+  first, first_programs, first_log = sweep("a")
+  assert first - {compilation_cache.PROGRAMS}, "the first run cached no program"
+  assert len(first_programs) == 1, "the bucket's programs were not kept whole"
+  assert "bucket programs loaded" not in first_log
+  second, second_programs, second_log = sweep("b")
+  assert (second, second_programs) == (first, first_programs)
+  assert "bucket programs loaded" in second_log, second_log
