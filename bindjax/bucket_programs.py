@@ -175,7 +175,8 @@ def _compiled(spec, mesh, inputs, chunk, options, keep_best, log=None):
               eval_fn.lower(abstract_state, inputs, scalar).compile(options))
 
   def load_or_build():
-    programs, loaded = compilation_cache.load_or_compile(_description(key, inputs), build)
+    programs, loaded = compilation_cache.load_or_compile(_description(key, inputs), build,
+                                                         mesh.devices.flat)
     if loaded and log is not None:
       log(f"bucket programs loaded from {compilation_cache.programs_dir()}")
     return programs

@@ -83,10 +83,12 @@ def program_key(description):
   return digest.hexdigest()
 
 
-def load_or_compile(description, build):
-  """build()'s tuple of compiled programs, loaded from `programs_dir()` when a run before kept
-  them under `description` (`program_key`), else built and kept there. Returns (programs,
-  loaded). With the persistent cache off, build() every time."""
+def load_or_compile(description, build, devices):
+  """build()'s tuple of compiled programs for `devices` (the mesh's, in its order), loaded from
+  `programs_dir()` when a run before kept them under `description` (`program_key`), else built
+  and kept there. Returns (programs, loaded). With the persistent cache off, or when a program
+  closes over constants (which a serialized executable does not carry), build() and keep nothing.
+  """
   directory = programs_dir()
   if directory is None:
     return build(), False
@@ -95,10 +97,14 @@ def load_or_compile(description, build):
     try:
       with open(path, "rb") as f:
         stored = pickle.load(f)
-      return tuple(serialize_executable.deserialize_and_load(*p) for p in stored), True
+      devices = list(devices)
+      return tuple(serialize_executable.deserialize_and_load(
+          *p, backend=devices[0].client, execution_devices=devices) for p in stored), True
     except Exception:  # pylint: disable=broad-except
       pass  # a damaged or foreign file only costs the compile it was meant to save
   programs = build()
+  if any(p._params.const_args for p in programs):  # pylint: disable=protected-access
+    return programs, False
   os.makedirs(directory, exist_ok=True)
   temporary = f"{path}.{os.getpid()}.tmp"
   with open(temporary, "wb") as f:

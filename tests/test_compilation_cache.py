@@ -26,7 +26,7 @@ def get_config(arg=None):
   c.num_steps = 2
   c.eval.update(every=2, batches=1, batch_size=8)
   c.checkpoint.update(every=2, keep=1, keep_best=False)
-  c.sweep.update(cpu_devices=0, chunk_size="none")
+  c.sweep.update(cpu_devices=2, chunk_size="none")  # the programs span two devices
   return c
 
 
