@@ -108,21 +108,38 @@ def checks(rows):
   return out
 
 
+def _load_line(result):
+  return (f"Load average start/end: {result['load_average_start'][0]:.1f} / "
+          f"{result['load_average_end'][0]:.1f} (shared machine: numbers are noisy).")
+
+
+def _with_checks(lines, checks):
+  """The Markdown of table `lines` followed by the table of `checks`."""
+  lines = lines + ["", "| target | measured | met |", "|---|---|---|"]
+  for c in checks:
+    lines.append(f"| {c['check']} | {c['value']:.2f} | {'yes' if c['passed'] else 'no'} |")
+  return "\n".join(lines) + "\n"
+
+
+def _write(result, text, tag):
+  suffix = f"_{tag}" if tag else ""
+  os.makedirs(RESULTS, exist_ok=True)
+  files.write_json(os.path.join(RESULTS, f"compile_time{suffix}.json"), result)
+  files.write_atomic(os.path.join(RESULTS, f"compile_time{suffix}.md"), text)
+  print(text)
+
+
 def markdown(result):
   lines = [f"# Train-step compile time against depth ({result['device']}, "
            f"{result['num_cpus']} CPUs, jax {result['jax']})", "",
-           f"Load average start/end: {result['load_average_start'][0]:.1f} / "
-           f"{result['load_average_end'][0]:.1f} (shared machine: numbers are noisy). d_model "
-           "256, d_ff 1024, batch 512; lower = trace and lower, compile = XLA.", "",
+           _load_line(result) + " d_model 256, d_ff 1024, batch 512; lower = trace and lower, "
+           "compile = XLA.", "",
            "| layers | layout | params | lower s | compile s | total s |",
            "|---|---|---|---|---|---|"]
   for r in result["results"]:
     lines.append(f"| {r['num_layers']} | {r['layout']} | {r['parameters']:,} | "
                  f"{r['lower_s']:.1f} | {r['compile_s']:.1f} | {r['total_s']:.1f} |")
-  lines += ["", "| target | measured | met |", "|---|---|---|"]
-  for c in result["checks"]:
-    lines.append(f"| {c['check']} | {c['value']:.2f} | {'yes' if c['passed'] else 'no'} |")
-  return "\n".join(lines) + "\n"
+  return _with_checks(lines, result["checks"])
 
 
 def sweep_compile(source, num_layers, cache, workdir):
@@ -185,19 +202,14 @@ def sweep_checks(rows):
 def sweep_markdown(result):
   lines = [f"# Whole-sweep compile against depth, cold and warm ({result['num_cpus']} CPUs, "
            f"jax {result['jax']})", "",
-           f"Load average start/end: {result['load_average_start'][0]:.1f} / "
-           f"{result['load_average_end'][0]:.1f} (shared machine: numbers are noisy). "
-           "`bindjax sweep`, one replica, d_model 256, d_ff 1024, 2 steps; compile = the "
-           "sweep's \"compiled in\" seconds; process = the whole command.", "",
-           "| code | layers | start | compile s | process s | programs loaded whole |",
+           _load_line(result) + " `bindjax sweep`, one replica, d_model 256, d_ff 1024, 2 "
+           "steps; compile = the sweep's \"compiled in\" seconds; process = the whole command.",
+           "", "| code | layers | start | compile s | process s | programs loaded whole |",
            "|---|---|---|---:|---:|---|"]
   for r in result["results"]:
     lines.append(f"| {r['code']} | {r['num_layers']} | {r['start']} | {r['compile_s']:.1f} | "
                  f"{r['process_s']:.1f} | {'yes' if r['loaded_whole'] else 'no'} |")
-  lines += ["", "| target | measured | met |", "|---|---|---|"]
-  for c in result["checks"]:
-    lines.append(f"| {c['check']} | {c['value']:.2f} | {'yes' if c['passed'] else 'no'} |")
-  return "\n".join(lines) + "\n"
+  return _with_checks(lines, result["checks"])
 
 
 def main(argv=None):
@@ -230,12 +242,7 @@ def main(argv=None):
       "results": rows, "checks": checks(rows),
       "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
   }
-  suffix = f"_{args.tag}" if args.tag else ""
-  os.makedirs(RESULTS, exist_ok=True)
-  files.write_json(os.path.join(RESULTS, f"compile_time{suffix}.json"), result)
-  text = markdown(result)
-  files.write_atomic(os.path.join(RESULTS, f"compile_time{suffix}.md"), text)
-  print(text)
+  _write(result, markdown(result), args.tag)
   return 0
 
 
@@ -246,12 +253,7 @@ def main_sweep(args):
             "load_average_start": load_start, "load_average_end": os.getloadavg(),
             "results": rows, "checks": sweep_checks(rows),
             "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
-  suffix = f"_{args.tag}" if args.tag else ""
-  os.makedirs(RESULTS, exist_ok=True)
-  files.write_json(os.path.join(RESULTS, f"compile_time{suffix}.json"), result)
-  text = sweep_markdown(result)
-  files.write_atomic(os.path.join(RESULTS, f"compile_time{suffix}.md"), text)
-  print(text)
+  _write(result, sweep_markdown(result), args.tag)
   return 0
 
 
