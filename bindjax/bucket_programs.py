@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bindjax import compilation_cache
 from bindjax import engine
 from bindjax import models
 from bindjax import parallel
@@ -156,10 +155,10 @@ def compile_bucket(spec, mesh, inputs, chunk_setting=parallel.AUTO,
   chunk = parallel.chunk_setting(chunk_setting, "config.sweep.chunk_size")
   if chunk == parallel.AUTO:
     chunk = _auto_chunk(spec, mesh, inputs, memory_fraction, log, options, keep_best)
-  return _compiled(spec, mesh, inputs, chunk, options, keep_best, log) + (chunk,)
+  return _compiled(spec, mesh, inputs, chunk, options, keep_best) + (chunk,)
 
 
-def _compiled(spec, mesh, inputs, chunk, options, keep_best, log=None):
+def _compiled(spec, mesh, inputs, chunk, options, keep_best):
   size = inputs.num_train.shape[0]
   key = (spec, mesh, size, chunk, tuple(sorted((options or {}).items())), keep_best)
 
@@ -174,24 +173,7 @@ def _compiled(spec, mesh, inputs, chunk, options, keep_best, log=None):
               run_fn.lower(abstract_state, inputs, scalar).compile(options),
               eval_fn.lower(abstract_state, inputs, scalar).compile(options))
 
-  def load_or_build():
-    programs, loaded = compilation_cache.load_or_compile(_description(key, inputs), build,
-                                                         mesh.devices.flat)
-    if loaded and log is not None:
-      log(f"bucket programs loaded from {compilation_cache.programs_dir()}")
-    return programs
-
-  return engine.cached(key, load_or_build)
-
-
-def _description(key, inputs):
-  """What a bucket's programs depend on besides bindjax's code and JAX, as a string: the
-  `_compiled` key with the mesh's devices and the inputs' shapes, dtypes and shardings spelt out."""
-  spec, mesh, _, chunk, options, keep_best = key
-  devices = [(d.platform, d.device_kind, d.id) for d in mesh.devices.flat]
-  signature = [(x.shape, str(x.dtype), repr(x.sharding)) for x in jax.tree.leaves(inputs)]
-  return repr((spec, mesh.axis_names, mesh.devices.shape, devices, jax.process_count(),
-               jax.tree.structure(inputs), signature, chunk, options, keep_best))
+  return engine.cached(key, build)
 
 
 def abstract_bucket_state(spec, mesh, inputs, keep_best):
@@ -240,7 +222,7 @@ def restore_state(restore, target, sharding, **kwargs):
 def _auto_chunk(spec, mesh, inputs, memory_fraction, log, options, keep_best):
   size = inputs.num_train.shape[0]
   # The unchunked program is compiled anyway when it fits, so measuring it costs nothing then.
-  _, run, _ = _compiled(spec, mesh, inputs, None, options, keep_best, log)
+  _, run, _ = _compiled(spec, mesh, inputs, None, options, keep_best)
   memory = parallel.compiled_memory_bytes(run)
   temp, fixed = memory if memory else (0, 0)
   per_device = size // parallel.num_replica_shards(mesh)

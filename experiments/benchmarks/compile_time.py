@@ -143,8 +143,8 @@ def markdown(result):
 
 
 def sweep_compile(source, num_layers, cache, workdir):
-  """(compile seconds, process seconds, whether the programs were loaded whole) of one
-  `bindjax sweep` of `get_config(num_layers)` run with the bindjax of `source`."""
+  """(compile seconds, process seconds) of one `bindjax sweep` of `get_config(num_layers)` run
+  with the bindjax of `source`."""
   env = dict(os.environ, XDG_CACHE_HOME=cache, BINDJAX_COMPILATION_CACHE="1")
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   t0 = time.perf_counter()
@@ -153,9 +153,7 @@ def sweep_compile(source, num_layers, cache, workdir):
                         f"--workdir={workdir}", "--noprogress", "--noreport"],
                        cwd=source, env=env, check=True, capture_output=True, text=True)
   seconds = time.perf_counter() - t0
-  log = run.stdout + run.stderr
-  return (sum(float(x) for x in COMPILED_S.findall(log)), seconds,
-          "bucket programs loaded" in log)
+  return sum(float(x) for x in COMPILED_S.findall(run.stdout + run.stderr)), seconds
 
 
 def measure_sweep(layers, baseline):
@@ -175,9 +173,9 @@ def measure_sweep(layers, baseline):
       for code in names:
         cache = os.path.join(tmp, "cache", code, str(num_layers))
         workdir = os.path.join(tmp, "work", code, f"{num_layers}_{start}")
-        compile_s, process_s, loaded = sweep_compile(sources[code], num_layers, cache, workdir)
+        compile_s, process_s = sweep_compile(sources[code], num_layers, cache, workdir)
         rows.append({"code": code, "num_layers": num_layers, "start": start,
-                     "compile_s": compile_s, "process_s": process_s, "loaded_whole": loaded})
+                     "compile_s": compile_s, "process_s": process_s})
         print(json.dumps(rows[-1]), flush=True)
   return rows
 
@@ -204,11 +202,10 @@ def sweep_markdown(result):
            f"jax {result['jax']})", "",
            _load_line(result) + " `bindjax sweep`, one replica, d_model 256, d_ff 1024, 2 "
            "steps; compile = the sweep's \"compiled in\" seconds; process = the whole command.",
-           "", "| code | layers | start | compile s | process s | programs loaded whole |",
-           "|---|---|---|---:|---:|---|"]
+           "", "| code | layers | start | compile s | process s |", "|---|---|---|---:|---:|"]
   for r in result["results"]:
     lines.append(f"| {r['code']} | {r['num_layers']} | {r['start']} | {r['compile_s']:.1f} | "
-                 f"{r['process_s']:.1f} | {'yes' if r['loaded_whole'] else 'no'} |")
+                 f"{r['process_s']:.1f} |")
   return _with_checks(lines, result["checks"])
 
 
