@@ -319,7 +319,8 @@ def choose_chunk_size(bytes_per_replica, replicas_per_device, *, fixed_bytes=0,
 
   bytes_per_replica: activation/temporary memory of one replica's step; fixed_bytes: memory
   that every replica's state takes regardless of chunking (per device). Returns None when all
-  replicas fit (no chunking).
+  replicas fit (no chunking), and when a chunk would hold every replica of a device anyway (one
+  replica per device that does not fit alone).
   """
   if replicas_per_device < 1:
     raise ValueError(f"replicas_per_device={replicas_per_device}: expected ≥ 1")
@@ -327,7 +328,9 @@ def choose_chunk_size(bytes_per_replica, replicas_per_device, *, fixed_bytes=0,
   if bytes_per_replica <= 0 or bytes_per_replica * replicas_per_device <= budget:
     return None
   per_device = max(1, int(budget // bytes_per_replica))
-  return per_device * num_shards
+  # One chunk of every replica is no chunking; as a chunk size it would compile the bucket's
+  # programs a second time (one replica of 12 layers at d_model 256 did, on CPU).
+  return None if per_device >= replicas_per_device else per_device * num_shards
 
 
 def cpu_cache_bytes_per_core(cache_dir="/sys/devices/system/cpu/cpu0/cache"):

@@ -112,6 +112,9 @@ def test_choose_chunk_size():
                                     num_shards=2) == 20
   assert parallel.choose_chunk_size(gib, 64, memory_bytes=10 * gib, memory_fraction=1.0,
                                     fixed_bytes=9.5 * gib) == 1
+  # One replica per device that does not fit alone: a chunk of one is all of them.
+  assert parallel.choose_chunk_size(gib, 1, memory_bytes=10 * gib, memory_fraction=1.0,
+                                    fixed_bytes=9.5 * gib) is None
   assert parallel.device_memory_bytes() > 0
 
 

@@ -14,6 +14,10 @@ one device, both single-threaded per device and (in a worker subprocess) with JA
 set-up. Each of --repeats rounds times them all back to back, so the drift of a shared machine
 hits a round's numbers alike; a round's speedup is its sweep rate over its faster sequential
 rate. Train steps only (compile excluded, reported apart). Medians over rounds, with the spread.
+Beside replica-steps/s: the model FLOP/s they are (bindjax.train.train_step_flops per replica-step)
+and their share of the machine's float32 matmul rate measured in the same run, as the sweep's
+devices reach it (a 2048³ matmul on every device at once, before and after the rounds, the
+faster taken).
 
 device: for each R, replica-steps/s and model FLOP utilisation (FLOPs of the matmuls from
 bindjax.models.tower_flops, x3 for forward + backward) against --peak_tflops.
@@ -31,6 +35,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from bindjax import bucket_programs, engine, files, grid, parallel, train, xla_options
@@ -41,6 +46,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PRESETS = os.path.join(REPO, "experiments", "coverage_sweep.py")
 
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
+# The cpu preset's towers (product read-out on), the same plain, and plain at d_ff 2,048.
+CPU_MODELS = {"cpu": {}, "cpu_plain": {"product_readout": "none"},
+              "cpu_plain_ff2048": {"product_readout": "none", "d_ff": 2048}}
 
 
 def config_for(model, replicas):
@@ -54,9 +62,10 @@ def config_for(model, replicas):
   if model == "small":
     c.model.update(d_model=32, num_heads=2, num_layers=1, d_ff=64, d_out=16)
     c.sampler.update(batch_size=32)
-  elif model == "cpu":
+  elif model in CPU_MODELS:
     cpu = flags.load_config(f"{PRESETS}:cpu")
     c.model = cpu.model
+    c.model.update(CPU_MODELS[model])
     c.sampler = cpu.sampler
   return c
 
@@ -92,6 +101,22 @@ def bucket_runner(config, devices=None, chunk=parallel.AUTO):
     return time.perf_counter() - t
 
   return compile_seconds, run, bucket, chunk
+
+
+def matmul_rate(size=2048, repeats=5):
+  """Float32 FLOP/s of a size³ matmul on every device at once (median over `repeats`), compiled
+  with bindjax's compiler options: the machine's matmul rate as the sweep's devices reach it."""
+  devices = jax.devices()
+  xs = [jax.device_put(jnp.ones((size, size), jnp.float32), d) for d in devices]
+  options = xla_options.compiler_options(devices[0].platform)
+  programs = [jax.jit(lambda a: a @ a).lower(x).compile(options) for x in xs]  # one per device
+  jax.block_until_ready([f(x) for f, x in zip(programs, xs)])
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready([f(x) for f, x in zip(programs, xs)])
+    times.append(time.perf_counter() - t)
+  return 2 * size ** 3 * len(devices) / float(np.median(times))
 
 
 def sequential_runners(args, bucket):
@@ -250,11 +275,13 @@ def compare(args):
       sequential["JAX default CPU set-up (one device, multi-threaded ops)"] = default_rate
     sweep_rates = {name: [] for name in sweeps}
     rates = {name: [] for name in sequential}
+    matmul_flops = matmul_rate()
     for _ in range(args.repeats):
       for name, run in sweeps.items():
         sweep_rates[name].append(replicas * args.steps / run(args.steps))
       for name, rate in sequential.items():
         rates[name].append(rate())
+    matmul_flops = max(matmul_flops, matmul_rate())
   finally:
     for worker in workers:
       worker.close()
@@ -262,7 +289,11 @@ def compare(args):
       worker.wait()
   baselines = {name: np.array(r) for name, r in rates.items()}
   fastest_per_round = np.max(np.stack(list(baselines.values())), axis=0)
+  step_flops = train.train_step_flops(bucket.spec)
   sweep_stats = {name: {"replica_steps_per_s": repeats.stats(np.array(r)),
+                        "model_flops_per_s": repeats.stats(np.array(r) * step_flops),
+                        "share_of_matmul_rate": repeats.stats(
+                            np.array(r) * step_flops / matmul_flops),
                         "speedup": repeats.stats(np.array(r) / fastest_per_round)}
                  for name, r in sweep_rates.items()}
   result = {
@@ -271,7 +302,8 @@ def compare(args):
       "sequential_replica_steps_per_s": {name: repeats.stats(r) for name, r in baselines.items()},
       "fastest_sequential_per_round": repeats.stats(fastest_per_round),
       "xla_options": "XLA defaults" if args.xla_defaults else "bindjax.xla_options",
-      "sweep_chunk": chunk, "compile_s": compile_s,
+      "sweep_chunk": chunk, "compile_s": compile_s, "flops_per_replica_step": step_flops,
+      "matmul_flops_per_s": matmul_flops,
       "note": "train steps only; the sweep runs one bucket over all CPU devices (as `bindjax "
               "sweep` does, in one process, or in pinned processes as launch/local.py "
               "--num_processes starts them); sequential = one 1-replica bucket per run, "
@@ -279,12 +311,22 @@ def compare(args):
               "measures every set-up back to back, and a round's speedup is against its "
               "fastest sequential set-up",
   }
-  table = ["| R | model | set-up | replica-steps/s | speedup |", "|---:|---|---|---:|---:|"]
+  table = [f"Machine's float32 matmul rate (2048³ on every device at once): "
+           f"{matmul_flops / 1e9:.0f} GFLOP/s; model {step_flops / 1e9:.3f} GFLOP per "
+           "replica-step.", "",
+           "| R | model | set-up | replica-steps/s | model GFLOP/s | of matmul rate | speedup |",
+           "|---:|---|---|---:|---:|---:|---:|"]
   for name, stats in sweep_stats.items():
     table.append(f"| {replicas} | {args.model} | {name} | "
-                 f"{repeats.fmt(stats['replica_steps_per_s'])} | {repeats.fmt(stats['speedup'], 2)} |")
+                 f"{repeats.fmt(stats['replica_steps_per_s'])} | "
+                 f"{stats['model_flops_per_s']['median'] / 1e9:.1f} | "
+                 f"{stats['share_of_matmul_rate']['median']:.0%} | "
+                 f"{repeats.fmt(stats['speedup'], 2)} |")
   for name, r in baselines.items():
-    table.append(f"| {replicas} | {args.model} | sequential, {name} | {repeats.fmt(repeats.stats(r))} | |")
+    table.append(f"| {replicas} | {args.model} | sequential, {name} | "
+                 f"{repeats.fmt(repeats.stats(r))} | "
+                 f"{float(np.median(r)) * step_flops / 1e9:.1f} | "
+                 f"{float(np.median(r)) * step_flops / matmul_flops:.0%} | |")
   return result, table
 
 
@@ -327,7 +369,7 @@ def _describe(spec):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--mode", choices=["compare", "device"], default="compare")
-  parser.add_argument("--model", choices=["small", "cpu", "paper"], default="small")
+  parser.add_argument("--model", choices=["small", *CPU_MODELS, "paper"], default="small")
   parser.add_argument("--replicas", default=None, help="comma list (compare uses the first)")
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--repeats", type=int, default=3)
