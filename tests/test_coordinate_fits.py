@@ -102,7 +102,7 @@ def test_a_split_that_does_not_identify_the_structure_is_reported():
   alone = [u for u in range(36) if u % 6 == 0 and u != 0]
   permutation = np.array([u for u in range(36) if u not in alone] + alone)
   rng = np.random.default_rng(DRAW + 3)
-  full = np.concatenate([rng.permutation(36)])
+  full = rng.permutation(36)
   splits = [(permutation, 36 - len(alone)), (full, 30)]
   model = families.make("per_object_sum_product", values, 2, 16)
   rows, _ = fit(model, data, probes, splits=splits)

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 LAYOUT = {"additive": (True, False, False), "product": (False, True, False),
           "sum_product": (True, True, False), "per_object_product": (False, True, True),
           "per_object_sum_product": (True, True, True)}
-# Eigenvalues of the training Gauss–Newton matrix JᵀJ below this share of its largest span its
+# Singular values of a coordinate's training Jacobian below this share of its largest span its
 # null space (in float32 the gauge directions sit near 1e-7 of the largest).
-NULL_TOLERANCE = 1e-5
+NULL_TOLERANCE = 1e-4
 # A ridge of this share of a coordinate's mean curvature per value (Σ w / V) on θ: among fits
 # of equal training cost it prefers the smallest, which keeps a start that wandered along a
 # direction the data do not see from winning on noise.
@@ -175,11 +175,11 @@ def _solve_coordinates(key, slots_TxS, targets_TxD, weight_T, model, starts, ite
 
 def _object_tables(values_TxKxC, ids_TxK, targets_TxD, weight_T, num_objects):
   """The least-squares fit of y = g_1[o_1] + … + g_K[o_K] over the training scenes: per
-  position k and object u, g [K, U, D], the scenes holding u at k [K, U] and u's values [U, C].
+  position k and object u, g [K, U, D] and the scenes holding u at k [K, U].
 
   An object never seen at k keeps g = 0 and weight 0 (a ridge of 1e-6 of the largest count
   pins it; the positions' shared constant is the minimum-norm one)."""
-  t, k = ids_TxK.shape
+  k = ids_TxK.shape[1]
   columns_TxK = jnp.arange(k)[None, :] * num_objects + ids_TxK
   w_T = weight_T.astype(jnp.float32)
   size = k * num_objects
@@ -189,37 +189,46 @@ def _object_tables(values_TxKxC, ids_TxK, targets_TxD, weight_T, num_objects):
       (w_T[:, None] * targets_TxD)[:, None, :])
   count = jnp.diagonal(gram)
   g = jnp.linalg.solve(gram + 1e-6 * count.max() * jnp.eye(size), rhs)
-  values_UxC = jnp.zeros((num_objects, values_TxKxC.shape[-1]), jnp.int32).at[ids_TxK].set(
-      values_TxKxC)
-  return (g.reshape(k, num_objects, -1), count.reshape(k, num_objects), values_UxC)
+  return g.reshape(k, num_objects, -1), count.reshape(k, num_objects)
 
 
-def solve(key, values_TxKxC, ids_TxK, targets_TxD, weight_T, model, num_objects, starts,
-          iterations):
+def solve(key, rows_T, weight_T, targets_TxD, values_NxKxC, ids_NxK, num_objects, model,
+          starts, iterations):
   """Every coordinate of one model fitted from `starts` starts, the cheapest kept.
 
-  targets_TxD: the training targets in the fit's units; weight_T: 1 on valid rows, 0 on
-  padding; ids_TxK: the scenes' object ids (< num_objects). The per-object families first fit
-  every object at every position its own value (`_object_tables`, a linear least-squares
-  problem shared by all coordinates), then each position's C-slot form to its objects' values,
-  weighted by their scene counts; the others fit the scenes directly.
-  Returns θ [D, P] (`num_parameters`).
+  rows_T: the training scenes among the N scenes (values_NxKxC, object ids ids_NxK < num_objects);
+  weight_T: 1 on valid rows, 0 on padding; targets_TxD: their targets in the fit's units. The
+  per-object families first fit every object at every position its own value
+  (`_object_tables`, a linear least-squares problem shared by all coordinates), then each
+  position's C-slot form to its objects' values, weighted by their scene counts; the others fit
+  the scenes directly.
+  Returns θ [D, P] (`num_parameters`) and the share of coordinates whose predictions on all N
+  scenes (per-object families: on every object at every position) the training scenes determine
+  (`identified`).
   """
-  t, k, c = values_TxKxC.shape
+  n, k, c = values_NxKxC.shape
+  slots_NxS = values_NxKxC.reshape(n, k * c)
   if not LAYOUT[model.family][2]:
-    return _solve_coordinates(key, values_TxKxC.reshape(t, k * c), targets_TxD, weight_T,
-                              model, starts, iterations)[0]
-  g_KxUxD, count_KxU, values_UxC = _object_tables(values_TxKxC, ids_TxK, targets_TxD, weight_T,
-                                                  num_objects)
+    theta_DxP = _solve_coordinates(key, slots_NxS[rows_T], targets_TxD, weight_T, model, starts,
+                                   iterations)[0]
+    return theta_DxP, identified(theta_DxP, slots_NxS[rows_T], weight_T, slots_NxS, model)
+  g_KxUxD, count_KxU = _object_tables(values_NxKxC[rows_T], ids_NxK[rows_T], targets_TxD,
+                                      weight_T, num_objects)
+  values_UxC = jnp.zeros((num_objects, c), jnp.int32).at[ids_NxK].set(values_NxKxC)
   single = dataclasses.replace(model, max_objects=1)
-  theta_KxDxQ = jax.vmap(lambda kk, g_UxD, w_U: _solve_coordinates(
-      kk, values_UxC, g_UxD, w_U, single, starts, iterations)[0])(
-          jax.random.split(key, k), g_KxUxD, count_KxU)
+
+  def position(key_2, g_UxD, w_U):
+    theta_DxQ = _solve_coordinates(key_2, values_UxC, g_UxD, w_U, single, starts,
+                                   iterations)[0]
+    return theta_DxQ, identified(theta_DxQ, values_UxC, w_U, values_UxC, single)
+
+  theta_KxDxQ, share_K = jax.vmap(position)(jax.random.split(key, k), g_KxUxD, count_KxU)
   # Slot k·C + c holds position k's table of concept c; the intercepts add up.
   half = (theta_KxDxQ.shape[-1] - 1) // 2
   a_DxH = jnp.moveaxis(theta_KxDxQ[..., 1:1 + half], 0, 1).reshape(theta_KxDxQ.shape[1], -1)
   b_DxH = jnp.moveaxis(theta_KxDxQ[..., 1 + half:], 0, 1).reshape(theta_KxDxQ.shape[1], -1)
-  return jnp.concatenate([theta_KxDxQ[..., 0].sum(0)[:, None], a_DxH, b_DxH], -1)
+  return (jnp.concatenate([theta_KxDxQ[..., 0].sum(0)[:, None], a_DxH, b_DxH], -1),
+          share_K.mean())
 
 
 def to_params(theta_DxP, model):
@@ -250,10 +259,10 @@ def identified(theta_DxP, slots_TxS, weight_T, slots_NxS, model):
 
   def one_coordinate(theta_P):
     _, index_TxQ, grad_TxQ = _rows(theta_P, slots_TxS, model)
-    h_PxP = _normal_matrix(index_TxQ, grad_TxQ * jnp.sqrt(weight_T)[:, None], num_params)
-    eigval_P, eigvec_PxP = jnp.linalg.eigh(h_PxP)
-    null_P = eigval_P <= NULL_TOLERANCE * eigval_P[-1]
-    projector_PxP = (eigvec_PxP * null_P) @ eigvec_PxP.T
+    train_TxP = _dense(index_TxQ, grad_TxQ * jnp.sqrt(weight_T)[:, None], num_params)
+    _, sigma, vt_RxP = jnp.linalg.svd(train_TxP, full_matrices=False)
+    seen_RxP = vt_RxP * (sigma > NULL_TOLERANCE * sigma[0])[:, None]
+    projector_PxP = jnp.eye(num_params) - seen_RxP.T @ seen_RxP
     _, index_NxQ, grad_NxQ = _rows(theta_P, slots_NxS, model)
     block_NxQxQ = projector_PxP[index_NxQ[:, :, None], index_NxQ[:, None, :]]
     leak = jnp.einsum("nq,nqr,nr->", grad_NxQ, block_NxQxQ, grad_NxQ)

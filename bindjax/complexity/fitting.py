@@ -325,14 +325,11 @@ def _solve_one(point, rows_T, valid_T, data, model, config):
   mean_D, spread = _target_stats(raw_TxD, valid_T, config)
   targets_TxD = (raw_TxD - mean_D) / spread
   weight_T = valid_T.astype(jnp.float32)
-  theta_DxP = coordinate.solve(point.key_Mx2, values_TxKxC, data.object_ids_NxK[rows_T],
-                               targets_TxD, weight_T, model, data.num_unique,
-                               config.solver_starts, config.solver_iterations)
+  theta_DxP, share = coordinate.solve(
+      point.key_Mx2, rows_T, weight_T, targets_TxD, data.values_NxKxC, data.object_ids_NxK,
+      data.num_unique, model, config.solver_starts, config.solver_iterations)
   params = coordinate.to_params(theta_DxP, model)
   se_T = ((model.apply(params, values_TxKxC) - targets_TxD) ** 2).mean(-1)
-  n = values_TxKxC.shape[0]
-  share = coordinate.identified(theta_DxP, values_TxKxC.reshape(n, -1), weight_T,
-                                data.values_NxKxC.reshape(data.num_scenes, -1), model)
   return params, objectives.masked_mean(se_T, valid_T), share
 
 
