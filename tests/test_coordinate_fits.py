@@ -120,3 +120,33 @@ def test_solver_setting_is_validated_naming_the_field():
   assert fitting.FitConfig().solver_for(mlp) == "adam"
   with pytest.raises(ValueError, match="solver='coordinate'"):
     fitting.FitConfig(solver="coordinate").solver_for(mlp)
+
+
+def test_batched_fits_with_own_targets_equal_separate_fits():
+  """Several sets fitted in one vmapped batch (fit_grid's `own`, each on its own split) give
+  each set's rows as if it were fitted alone."""
+  values = (4, 4)
+  sets = [per_object_hadamard(values, 8, 0.05, DRAW + 10 + i) for i in range(3)]
+  objects, ids = sets[0][:2]
+  rng = np.random.default_rng(DRAW + 4)
+  splits = [(rng.permutation(16), n) for n in (11, 12, 12)]
+  model = families.make("per_object_sum_product", values, 2, 8)
+  datas = [make_data(values, objects, ids, t)[0] for _, _, t in sets]
+  probes = [linear.init_weights(jax.random.PRNGKey(k), values, 16, 8, linear.ProbeConfig())
+            for k in range(3)]
+  own = data_lib.own_targets(np.stack([t for _, _, t in sets]),
+                             jax.tree_util.tree_map(lambda *x: np.stack(x), *probes))
+  entries = [fitting.GridEntry(model, n / 16, 0, 1e-2, split=(p, n), own_index=i)
+             for i, (p, n) in enumerate(splits)]
+  together, infos = fitting.fit_grid(entries, datas[0], None, CONFIG,
+                                     fitting.auto_mesh(2, jax.devices()[:1]), None, own=own,
+                                     pad_ratio=np.inf)
+  assert [i["num_models"] for i in infos] == [3] and infos[0]["solver"] == "coordinate"
+  for i, entry in enumerate(entries):
+    (alone,), _ = fitting.fit_grid([fitting.GridEntry(model, entry.train_fraction, 0, 1e-2,
+                                                      split=entry.split)],
+                                   datas[i], probes[i], CONFIG)
+    for key in ("final_train_loss", "identified_share", "final_test_only_r2",
+                "final_train_only_r2"):
+      np.testing.assert_allclose(together[i][key], alone[key], rtol=1e-3, atol=1e-4,
+                                 err_msg=f"set {i} {key}")

@@ -166,7 +166,9 @@ def _best_of_starts(key, slots_TxS, y_T, weight_T, model, starts, iterations):
 
 def _solve_coordinates(key, slots_TxS, targets_TxD, weight_T, model, starts, iterations):
   """θ [D, P] and cost [D] of every coordinate; each coordinate draws its own starts, since
-  shared starts would fail together."""
+  shared starts would fail together. Without product tables the problem is linear and every
+  start is the same one."""
+  starts = starts if LAYOUT[model.family][1] else 1
   keys_Dx2 = jax.random.split(key, targets_TxD.shape[1])
   return jax.vmap(lambda k, y_T: _best_of_starts(k, slots_TxS, y_T, weight_T, model, starts,
                                                  iterations), in_axes=(0, 1))(keys_Dx2,

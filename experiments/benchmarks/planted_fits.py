@@ -10,8 +10,8 @@ set f(o₁) + f(o₂), f(o) = a₀[v₀] + a₁[v₁] + 2·b₀[v₀] ⊙ b₁[v
 their own form at E = D with the identity read-out, drawn from the family's initialisation.
 Noise: `--noise` times the targets' RMS spread (0.05 on the Hadamard set is about 0.014).
 Each (family, D, training fraction) is fitted on `--seeds` random object splits by the new
-default (the coordinate solver) and, with --old, by the previous default (Adam, 4,000 steps,
-3 restarts, weight decay), in one `fit_grid` call each. Per cell: seeds whose test-only R²
+default (the coordinate solver) and by the previous default (Adam, 4,000 steps, 3 restarts,
+weight decay), in one `fit_grid` call each (`--solvers` picks them). Per cell: seeds whose test-only R²
 reaches 0.9, seeds the fit reports identified, median test-only and train-only R², and the
 fit's wall time (compiling excluded) against the additive family's default fit on the same
 set. Writes experiments/benchmarks/results/planted_fits{,_NAME}.{json,md}.
@@ -86,9 +86,8 @@ def summary(rows, run_s):
 def run(args):
   values = (args.values, args.values)
   seeds = list(range(args.seeds))
-  configs = {"new": NEW}
-  if args.old:
-    configs["old"] = dataclasses.replace(OLD, steps=args.old_steps)
+  configs = {"old": dataclasses.replace(OLD, steps=args.old_steps), "new": NEW}
+  configs = {name: configs[name] for name in args.solvers}
   cells = []
   for out_dim in args.dims:
     for family in args.families:
@@ -153,8 +152,8 @@ def main():
   parser.add_argument("--values", default=10, type=int)
   parser.add_argument("--seeds", default=4, type=int)
   parser.add_argument("--noise", default=0.05, type=float)
-  parser.add_argument("--old", default=True, action=argparse.BooleanOptionalAction,
-                      help="also fit the previous default (Adam)")
+  parser.add_argument("--solvers", default=["old", "new"], type=lambda s: s.split(","),
+                      help="old: the previous default (Adam); new: the default")
   parser.add_argument("--old_steps", default=4000, type=int)
   parser.add_argument("--name", default="", help="suffix of the result files")
   args = parser.parse_args()
