@@ -166,13 +166,22 @@ def _best_of_starts(key, slots_TxS, y_T, weight_T, model, starts, iterations):
 
 def _solve_coordinates(key, slots_TxS, targets_TxD, weight_T, model, starts, iterations):
   """θ [D, P] and cost [D] of every coordinate; each coordinate draws its own starts, since
-  shared starts would fail together. Without product tables the problem is linear and every
-  start is the same one."""
-  starts = starts if LAYOUT[model.family][1] else 1
+  shared starts would fail together."""
   keys_Dx2 = jax.random.split(key, targets_TxD.shape[1])
   return jax.vmap(lambda k, y_T: _best_of_starts(k, slots_TxS, y_T, weight_T, model, starts,
                                                  iterations), in_axes=(0, 1))(keys_Dx2,
                                                                               targets_TxD)
+
+
+def _linear_fit(slots_TxS, targets_TxD, weight_T, model):
+  """θ [D, P] of the additive form, linear in θ: one least-squares solve (ridge as in
+  `_levenberg_marquardt`) whose normal matrix all coordinates share."""
+  theta_P = _init_theta(jax.random.PRNGKey(0), model)
+  _, index_TxQ, grad_TxQ = _rows(theta_P, slots_TxS, model)
+  j_TxP = _dense(index_TxQ, grad_TxQ * jnp.sqrt(weight_T)[:, None], theta_P.shape[0])
+  ridge = RIDGE * weight_T.sum() / max(model.values_per_concept)
+  rhs_PxD = j_TxP.T @ (targets_TxD * jnp.sqrt(weight_T)[:, None])
+  return jnp.linalg.solve(j_TxP.T @ j_TxP + ridge * jnp.eye(theta_P.shape[0]), rhs_PxD).T
 
 
 def _object_tables(values_TxKxC, ids_TxK, targets_TxD, weight_T, num_objects):
@@ -203,13 +212,17 @@ def solve(key, rows_T, weight_T, targets_TxD, values_NxKxC, ids_NxK, num_objects
   per-object families first fit every object at every position its own value
   (`_object_tables`, a linear least-squares problem shared by all coordinates), then each
   position's C-slot form to its objects' values, weighted by their scene counts; the others fit
-  the scenes directly.
+  the scenes directly; `additive` is one linear least-squares solve.
   Returns θ [D, P] (`num_parameters`) and the share of coordinates whose predictions on all N
   scenes (per-object families: on every object at every position) the training scenes determine
   (`identified`).
   """
   n, k, c = values_NxKxC.shape
   slots_NxS = values_NxKxC.reshape(n, k * c)
+  if model.family == "additive":
+    theta_DxP = _linear_fit(slots_NxS[rows_T], targets_TxD, weight_T, model)
+    # Linear: the Jacobian, so the answer, is the same for every coordinate.
+    return theta_DxP, identified(theta_DxP[:1], slots_NxS[rows_T], weight_T, slots_NxS, model)
   if not LAYOUT[model.family][2]:
     theta_DxP = _solve_coordinates(key, slots_NxS[rows_T], targets_TxD, weight_T, model, starts,
                                    iterations)[0]
