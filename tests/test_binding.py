@@ -106,7 +106,9 @@ def test_every_replica_and_family_equals_extract_then_complexity(sweep_dir, tmp_
       (batched,) = [r for r in rows if r["replica"] == replica and r["name"] == single["name"]]
       assert batched["num_test_only_scenes"] == single["num_test_only_scenes"] > 0
       for key in COMPARED:
-        np.testing.assert_allclose(batched[key], single[key], rtol=2e-4, atol=2e-5,
+        # The coordinate solver's Levenberg–Marquardt steps, SVDs and choice among starts
+        # carry float32 differences of batched and padded shapes a little further than Adam.
+        np.testing.assert_allclose(batched[key], single[key], rtol=1e-3, atol=1e-4,
                                    err_msg=f"replica {replica} {single['name']} {key}")
 
 

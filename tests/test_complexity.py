@@ -114,6 +114,8 @@ def test_identifiability_of_planted_families():
     if family == "mlp":
       continue
     converged = loss_R < CONVERGED
+    # Some start must converge, or the implication below holds of nothing.
+    assert converged.any(), (model.name, report[model.name])
     assert np.all(r2_R[converged] >= 0.9), (model.name, report[model.name])
     if family == "additive":
       assert converged.all(), report[model.name]
@@ -407,12 +409,13 @@ def test_restarts_are_reproducible():
 
 
 def test_default_restarts_are_the_familys():
-  """restarts = 0: product families try 3 starts, additive and MLP fits one (fitting.RESTARTS)."""
+  """restarts = 0: Adam fits of product families try 3 starts, additive and MLP fits one
+  (fitting.RESTARTS)."""
   objects, ids = data_lib.all_scenes((3, 3), 2)
   data = make_data((3, 3), objects, ids, np.random.default_rng(0).normal(size=(81, 4)))
   probes = linear.init_weights(jax.random.PRNGKey(0), (3, 3), 9, 4, linear.ProbeConfig())
   points = data_lib.make_points(9, [0.7], [0], [1e-2])
-  config = fitting.FitConfig(steps=10, eval_every=5)
+  config = fitting.FitConfig(steps=10, eval_every=5, solver="adam")
   tried = {}
   for family in ("additive", "mlp", "sum_product"):
     model = families.make(family, (3, 3), 2, out_dim=4, widths=(8,) if family == "mlp" else ())
@@ -485,15 +488,16 @@ DEFAULT_FIT_KEYS = 5000
 
 
 @pytest.mark.slow
-def test_default_fits_recover_planted_structure():
-  """With the default FitConfig (standardised targets, weight decay, 3 restarts) and the
+def test_adam_fits_recover_planted_structure():
+  """With the Adam fit's defaults (standardised targets, weight decay, 3 restarts) and the
   families' default width (E = D = 16, much wider than the planted E = 2), at least 19 of 20
   fits of every product family recover its own planted structure on test-only scenes (R² ≥
-  0.9); the additive family cannot represent product structure and recovers none.
-  docs/complexity.md, "Why single fits failed"."""
+  0.9); the additive family cannot represent product structure and recovers none. The planted
+  read-out mixes the E = 2 products into every coordinate, a form the coordinate solver does
+  not fit. docs/complexity.md, "Why single fits failed"."""
   objects, ids = planted_scenes(V10, 2000)
   probes = linear.init_weights(jax.random.PRNGKey(0), V10, 100, 16, linear.ProbeConfig())
-  config = fitting.FitConfig(steps=1500, eval_every=500)
+  config = fitting.FitConfig(steps=1500, eval_every=500, solver="adam")
   points = restarts(100, count=20, first_key=DEFAULT_FIT_KEYS)
   test = data_lib.MASKS.index("test_only")
   report = {}

@@ -24,11 +24,13 @@ import optax
 from bindjax import engine
 from bindjax import objectives
 from bindjax import parallel
+from bindjax.complexity import coordinate
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.probes import linear
 
 SCHEDULES = ("cosine", "constant")
+SOLVERS = ("auto", "coordinate", "adam")
 CADENCES = ("end", "original")
 # fit_grid puts splits in one batch while the largest training count is at most this many times
 # the smallest: padding then costs at most a quarter of a batch's training arithmetic.
@@ -78,6 +80,13 @@ class FitConfig:
   # predicts unseen objects (docs/complexity.md, "Why single fits failed"). "auto": the
   # family's value in WEIGHT_DECAY; 0: none, as the original.
   weight_decay: float | str = "auto"
+  # "coordinate": the additive and product families at E = D with W = I are solved per
+  # embedding coordinate by Levenberg–Marquardt (bindjax.complexity.coordinate; docs/
+  # complexity.md, "The coordinate solver"); "adam": gradient training as above; "auto": the
+  # coordinate solver where it applies, Adam elsewhere (MLPs, E < D, learned W).
+  solver: str = "auto"
+  solver_starts: int = 8        # coordinate solver: starts per coordinate, the cheapest kept
+  solver_iterations: int = 30   # coordinate solver: Levenberg–Marquardt steps per start
 
   def __post_init__(self):
     # A number typed on the command line into the "auto" field arrives as a string.
@@ -106,6 +115,11 @@ class FitConfig:
       raise ValueError(f"restart_steps={self.restart_steps}: expected ≥ 0 (0: half of steps)")
     if not 0 <= self.restart_holdout < 1:
       raise ValueError(f"restart_holdout={self.restart_holdout}: expected 0 ≤ h < 1")
+    if self.solver not in SOLVERS:
+      raise ValueError(f"solver={self.solver!r}: expected one of {SOLVERS}")
+    if self.solver_starts < 1 or self.solver_iterations < 1:
+      raise ValueError(f"solver_starts={self.solver_starts}, solver_iterations="
+                       f"{self.solver_iterations}: expected positive integers")
     if self.weight_decay != "auto" and not (isinstance(self.weight_decay, (int, float))
                                             and self.weight_decay >= 0):
       raise ValueError(f"weight_decay={self.weight_decay!r}: expected 'auto' or a number ≥ 0")
@@ -126,6 +140,16 @@ class FitConfig:
     """The initialisations a fit of `family` tries."""
     return self.restarts or RESTARTS[family]
 
+  def solver_for(self, model):
+    """"coordinate" or "adam": how a fit of `model` is made."""
+    if self.solver == "coordinate" and not coordinate.supports(model):
+      raise ValueError(f"solver='coordinate': {model.name} at E = {model.width}, D = "
+                       f"{model.out_dim}; expected an additive or product family at E = D "
+                       f"without a learned W")
+    if self.solver == "auto":
+      return "coordinate" if coordinate.supports(model) else "adam"
+    return self.solver
+
   def for_family(self, family):
     """This config with the family's defaults filled in (restarts, weight decay)."""
     return dataclasses.replace(self, restarts=self.restarts_for(family),
@@ -133,7 +157,7 @@ class FitConfig:
 
 
 # The ORIGINAL settings reproduce the original code's single unregularised fit.
-ORIGINAL = dict(standardize=False, weight_decay="0", restarts=1)
+ORIGINAL = dict(standardize=False, weight_decay="0", restarts=1, solver="adam")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,6 +317,22 @@ def _evaluate_one(point, params, data, probes, model, config):
   return evaluate_predictions(pred_NxD, data, probes, masks_3xN, config.probe_similarity)
 
 
+def _solve_one(point, rows_T, valid_T, data, model, config):
+  """(parameters, training MSE in the fit's units, share of identified coordinates) of one
+  coordinate-solver fit on its train-only scenes."""
+  values_TxKxC = data.values_NxKxC[rows_T]
+  raw_TxD = data.targets_NxD[rows_T]
+  mean_D, spread = _target_stats(raw_TxD, valid_T, config)
+  targets_TxD = (raw_TxD - mean_D) / spread
+  weight_T = valid_T.astype(jnp.float32)
+  theta_DxP, share = coordinate.solve(
+      point.key_Mx2, rows_T, weight_T, targets_TxD, data.values_NxKxC, data.object_ids_NxK,
+      data.num_unique, model, config.solver_starts, config.solver_iterations)
+  params = coordinate.to_params(theta_DxP, model)
+  se_T = ((model.apply(params, values_TxKxC) - targets_TxD) ** 2).mean(-1)
+  return params, objectives.masked_mean(se_T, valid_T), share
+
+
 def _map_models(fn, chunk_size, num_shards):
   """fn over the leading (model) axis: `parallel.chunked_vmap`, except that one model at a time
   on one device runs fn unbatched under lax.map, since XLA:CPU's batched dots (what vmap makes
@@ -314,6 +354,13 @@ def _select_points(points, rows_MxT, valid_MxT, score_MxN, data, own, model, con
   fn = _map_models(lambda p, r, v, s, o: _select_one(
       p, r, v, s, data_lib.with_own(data, None, o)[0], model, config), chunk_size, num_shards)
   return fn(points, rows_MxT, valid_MxT, score_MxN, own)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "config", "chunk_size", "num_shards"))
+def _solve_points(points, rows_MxT, valid_MxT, data, own, model, config, chunk_size, num_shards):
+  fn = _map_models(lambda p, r, v, o: _solve_one(
+      p, r, v, data_lib.with_own(data, None, o)[0], model, config), chunk_size, num_shards)
+  return fn(points, rows_MxT, valid_MxT, own)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "config", "chunk_size", "num_shards"),
@@ -396,20 +443,26 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parall
   num_models = int(np.shape(points.learning_rate_M)[0])
   mesh = mesh or auto_mesh(num_models)
   rows_MxT, valid_MxT = data_lib.training_rows(data, points)
-  selection = restart_masks(data, points, config) if config.restarts > 1 else ()
+  adam = config.solver_for(model) == "adam"
+  selection = restart_masks(data, points, config) if adam and config.restarts > 1 else ()
   (points_s, rows_s, valid_s, selection_s, own_s), valid = engine.place(
       (points, rows_MxT, valid_MxT, selection, own), mesh)
   if chunk_size == parallel.AUTO and engine.is_single_cpu(mesh):
     chunk_size = 1  # Unbatched, one model at a time: see _map_models.
   elif chunk_size == parallel.AUTO:
-    # The restart candidates of one fit are held at once (one vmap).
+    # The restart candidates of one fit (or the solver's starts) are held at once (one vmap).
+    copies = config.restarts if adam else config.solver_starts
     chunk_size = engine.auto_chunk(
         mesh, len(valid), bytes_per_model(model, rows_MxT.shape[1], data.num_scenes,
-                                          data.num_unique) * config.restarts,
+                                          data.num_unique) * copies,
         memory_bytes=memory_bytes)
   data_r, probes_r = jax.device_put((data, probes), parallel.replicated_sharding(mesh))
   statics = {"model": model, "chunk_size": chunk_size,
              "num_shards": parallel.num_replica_shards(mesh)}
+  if config.solver_for(model) == "coordinate":
+    return _fit_coordinates(model, points_s, rows_s, valid_s, data_r, probes_r, own_s, config,
+                            statics, _batch_info(model, num_models, valid, valid_MxT, chunk_size),
+                            keep_params)
   start = time.perf_counter()
   select_s, selected = 0.0, None
   if config.restarts == 1:
@@ -447,13 +500,11 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parall
     done = step
   history = {k: np.stack([h[k][:num_models] for h in history], axis=1) for k in history[0]}
   memory = parallel.compiled_memory_bytes(train)
-  info = {"model": model.name, "num_models": num_models, "padded_models": len(valid),
-          "train_scenes_padded": int(rows_MxT.shape[1]),
-          "train_scenes": valid_MxT.sum(-1).tolist(), "chunk_size": chunk_size,
+  info = {**_batch_info(model, num_models, valid, valid_MxT, chunk_size), "solver": "adam",
           "compile_s": compile_s, "select_s": select_s, "train_s": train_s, "eval_s": eval_s,
           "run_s": select_s + train_s + eval_s,
           "compiled_temp_bytes": memory[0] if memory else None,
-          "restarts": config.restarts,
+          "restarts": config.restarts, "identified": None,
           # Per model: the kept candidate and its selection error (None for a single start).
           "restart_candidate": None if selected is None else selected[0][:num_models].tolist(),
           "restart_error": None if selected is None else selected[1][:num_models].tolist()}
@@ -461,6 +512,46 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parall
     info["params"] = jax.tree_util.tree_map(lambda x: x[:num_models], parallel.to_host(state[0]))
   logging.info("%s: %d models, compile %.1fs, select %.1fs, train %.1fs, evaluate %.1fs",
                model.name, num_models, compile_s, select_s, train_s, eval_s)
+  return history, info
+
+
+def _batch_info(model, num_models, valid, valid_MxT, chunk_size):
+  return {"model": model.name, "num_models": num_models, "padded_models": len(valid),
+          "train_scenes_padded": int(valid_MxT.shape[1]),
+          "train_scenes": valid_MxT.sum(-1).tolist(), "chunk_size": chunk_size}
+
+
+def _fit_coordinates(model, points_s, rows_s, valid_s, data_r, probes_r, own_s, config, statics,
+                     info, keep_params):
+  """fit_models for the coordinate solver: one solve, one evaluation. The history repeats that
+  evaluation at every step of `eval_steps`, so that it has the shape of a trained fit's."""
+  num_models = info["num_models"]
+  start = time.perf_counter()
+  solve = engine.compile_ahead(_solve_points, points_s, rows_s, valid_s, data_r, own_s,
+                               config=config, **statics)
+  compile_s = time.perf_counter() - start
+  start = time.perf_counter()
+  params, loss_M, identified_M = solve(points_s, rows_s, valid_s, data_r, own_s)
+  loss_M, identified_M = parallel.to_host((loss_M, identified_M))
+  train_s = time.perf_counter() - start
+  start = time.perf_counter()
+  evaluate = engine.compile_ahead(_evaluate_points, points_s, params, data_r, probes_r, own_s,
+                                  config=config, **statics)
+  compile_s += time.perf_counter() - start
+  start = time.perf_counter()
+  metrics = parallel.to_host(evaluate(points_s, params, data_r, probes_r, own_s))
+  eval_s = time.perf_counter() - start
+  metrics["train_loss"] = loss_M
+  num_evals = len(eval_steps(config))
+  history = {k: np.repeat(v[:num_models, None], num_evals, axis=1) for k, v in metrics.items()}
+  info.update({"solver": "coordinate", "compile_s": compile_s, "select_s": 0.0,
+               "train_s": train_s, "eval_s": eval_s, "run_s": train_s + eval_s,
+               "compiled_temp_bytes": None, "restarts": 1, "restart_candidate": None,
+               "restart_error": None, "identified": identified_M[:num_models].tolist()})
+  if keep_params:
+    info["params"] = jax.tree_util.tree_map(lambda x: x[:num_models], parallel.to_host(params))
+  logging.info("%s: %d models, coordinate solver, compile %.1fs, solve %.1fs, evaluate %.1fs",
+               model.name, num_models, compile_s, train_s, eval_s)
   return history, info
 
 
@@ -563,10 +654,15 @@ def fit_grid(entries, data, probes, config, mesh=None, chunk_size=parallel.AUTO,
             "num_parameters": model.num_parameters(),
             "train_fraction": float(e.train_fraction), "seed": int(e.seed),
             "learning_rate": float(e.learning_rate), "schedule": config.schedule,
-            "steps": config.steps, "restarts": config.restarts_for(model.family),
+            "steps": config.steps, "solver": info["solver"], "restarts": info["restarts"],
             "standardize": config.standardize, "weight_decay": config.decay_for(model.family),
             **{key: None if info[key] is None else info[key][j]
                for key in ("restart_candidate", "restart_error")},
+            # Coordinate solver: the share of coordinates whose predictions on unseen scenes
+            # the training scenes determine; a fit below 1 reports test-only metrics of one
+            # of many equally good fits (docs/complexity.md, "Identifiability").
+            "identified_share": None if info["identified"] is None else info["identified"][j],
+            "identified": None if info["identified"] is None else info["identified"][j] == 1.0,
             "num_train_objects": int(points.num_train_M[b]),
             **{f"num_{mask}_scenes": int(counts[b, k]) for k, mask in enumerate(data_lib.MASKS)},
             **summary,

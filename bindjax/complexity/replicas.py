@@ -60,7 +60,8 @@ SWEEP_METRICS = {metric.replace(results.ROW_K, results.MAX_K): metric for metric
     results.binding(results.TRAIN))}
 # Fit columns of a complexity row kept per replica and family.
 FIT_COLUMNS = (
-    "name", "family", "num_parameters", "steps", "restarts", "num_train_only_scenes",
+    "name", "family", "num_parameters", "steps", "solver", "restarts", "identified",
+    "identified_share", "num_train_only_scenes",
     "num_test_only_scenes", "num_mixed_scenes", "final_train_loss", "best_test_r2",
     "best_test_object_acc", *[f"final_{m}_{k}" for k in ("r2", "object_acc", "concept_acc", "mse")
                               for m in data_lib.MASKS])

@@ -1,0 +1,286 @@
+"""The coordinate solver of the additive and product families (docs/complexity.md, "The
+coordinate solver").
+
+At the default width (E = D) with W = I, a family whose read-out is the identity (and, for the
+sum families, [I; I]) predicts every embedding coordinate d from its own slot tables alone:
+
+  y_d = c_d + Σ_s a_s[v_s, d] + Σ_g Π_{s ∈ g} b_s[v_s, d]
+
+(g: all slots for product and sum_product, each object's C slots for the per-object families;
+a: the sum tables, or the tables of `additive`; b: the product tables). Each coordinate is a
+small nonlinear least-squares problem, solved by Levenberg–Marquardt from several starts; the
+lowest training cost of each coordinate is kept. Every function here is pure and vmappable
+over coordinates, starts and models.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+# Families the solver fits, with (has sum tables a, has product tables b, per-object groups).
+LAYOUT = {"additive": (True, False, False), "product": (False, True, False),
+          "sum_product": (True, True, False), "per_object_product": (False, True, True),
+          "per_object_sum_product": (True, True, True)}
+# Singular values of a coordinate's training Jacobian below this share of its largest span its
+# null space (in float32 the gauge directions sit near 1e-7 of the largest).
+NULL_TOLERANCE = 1e-4
+# A ridge of this share of a coordinate's mean curvature per value (Σ w / V) on θ: among fits
+# of equal training cost it prefers the smallest, which keeps a start that wandered along a
+# direction the data do not see from winning on noise.
+RIDGE = 1e-4
+# Hard-imputation sweeps of the completion start of a two-concept object form.
+IMPUTE_SWEEPS = 30
+# A coordinate's predictions are identified when the null space carries at most this share of
+# the squared Jacobian of its predictions on every scene.
+LEAK_TOLERANCE = 1e-4
+
+
+def supports(model):
+  """Whether the solver can fit `model`: an additive or product family at E = D with W = I."""
+  return model.family in LAYOUT and model.width == model.out_dim and not model.learned_w
+
+
+def supports(model):
+  """Whether the solver can fit `model`: an additive or product family at E = D with W = I."""
+  return model.family in LAYOUT and model.width == model.out_dim and not model.learned_w
+
+
+def num_parameters(model):
+  """Length of one coordinate's θ: [c, a (S·V), b (S·V)], V the largest value count."""
+  return 1 + 2 * model.num_slots * max(model.values_per_concept)
+
+
+def _init_theta(key, model):
+  """c = 0, a = 0 and b ~ N(0, 1) where the family has them (zero otherwise)."""
+  _, has_product, _ = LAYOUT[model.family]
+  half = model.num_slots * max(model.values_per_concept)
+  b = jax.random.normal(key, (half,), jnp.float32) * has_product
+  return jnp.concatenate([jnp.zeros(1 + half, jnp.float32), b])
+
+
+def _rows(theta_P, slots_NxS, model):
+  """Predictions [N] and the sparse Jacobian of every scene: the θ indices [N, Q] it depends on
+  and the derivatives [N, Q] (Q = 1 + 2S)."""
+  has_sum, has_product, per_object = LAYOUT[model.family]
+  n, s = slots_NxS.shape
+  v_max = max(model.values_per_concept)
+  index_NxS = 1 + jnp.arange(s)[None, :] * v_max + slots_NxS
+  a_NxS = theta_P[index_NxS] * has_sum
+  b_NxS = theta_P[s * v_max + index_NxS]
+  groups = model.max_objects if per_object else 1
+  b_NxGxP = b_NxS.reshape(n, groups, -1)
+  size = b_NxGxP.shape[-1]
+  # Derivative of a group's product by each factor: the product of the others.
+  others_NxGxP = jnp.where(jnp.eye(size, dtype=bool), 1.0, b_NxGxP[:, :, None, :]).prod(-1)
+  pred_N = theta_P[0] + a_NxS.sum(-1) + has_product * b_NxGxP.prod(-1).sum(-1)
+  index_NxQ = jnp.concatenate([jnp.zeros((n, 1), jnp.int32), index_NxS, s * v_max + index_NxS],
+                              -1)
+  grad_NxQ = jnp.concatenate([jnp.ones((n, 1)), jnp.full((n, s), float(has_sum)),
+                              has_product * others_NxGxP.reshape(n, s)], -1)
+  return pred_N, index_NxQ, grad_NxQ
+
+
+def _dense(index_NxQ, grad_NxQ, num_params):
+  """The Jacobian [N, P] of a sparse one."""
+  return (jax.nn.one_hot(index_NxQ, num_params, dtype=jnp.float32) * grad_NxQ[..., None]).sum(1)
+
+
+def _normal_matrix(index_NxQ, grad_NxQ, num_params):
+  """JᵀJ [P, P] of a sparse Jacobian."""
+  j_NxP = _dense(index_NxQ, grad_NxQ, num_params)
+  return j_NxP.T @ j_NxP
+
+
+def predict(theta_P, slots_NxS, model):
+  """One coordinate's predictions [N] for scenes given as slot values [N, S]."""
+  return _rows(theta_P, slots_NxS, model)[0]
+
+
+def _levenberg_marquardt(theta_P, slots_TxS, y_T, weight_T, model, iterations):
+  """`iterations` damped Gauss–Newton steps on Σ_t w_t (pred_t − y_t)² + ridge·‖θ‖²;
+  (θ, final cost)."""
+  num_params = theta_P.shape[0]
+  ridge = RIDGE * weight_T.sum() / max(model.values_per_concept)
+  cost = lambda t: (weight_T * (predict(t, slots_TxS, model) - y_T) ** 2).sum() + ridge * (
+      t ** 2).sum()
+  eye = jnp.eye(num_params, dtype=jnp.float32)
+
+  def step(_, carry):
+    theta, current, damping = carry
+    pred_T, index_TxQ, grad_TxQ = _rows(theta, slots_TxS, model)
+    grad_TxQ = grad_TxQ * jnp.sqrt(weight_T)[:, None]
+    r_T = (pred_T - y_T) * jnp.sqrt(weight_T)
+    h_PxP = _normal_matrix(index_TxQ, grad_TxQ, num_params)
+    h_PxP = h_PxP + ridge * eye
+    g_P = jnp.zeros(num_params, jnp.float32).at[index_TxQ].add(grad_TxQ * r_T[:, None])
+    g_P = g_P + ridge * theta
+    scale = jnp.trace(h_PxP) / num_params + 1e-12
+    trial = theta + jnp.linalg.solve(h_PxP + damping * scale * eye, -g_P)
+    trial_cost = cost(trial)
+    better = jnp.isfinite(trial_cost) & (trial_cost < current)
+    return (jnp.where(better, trial, theta), jnp.where(better, trial_cost, current),
+            jnp.where(better, damping * 0.3, damping * 4.0))
+
+  theta, final, _ = jax.lax.fori_loop(0, iterations, step, (theta_P, cost(theta_P), 1e-2))
+  return theta, final
+
+
+def _completion_start(values_UxC, y_U, weight_U, model, sweeps=IMPUTE_SWEEPS):
+  """θ of one object's two-concept form c + a₀[v₀] + a₁[v₁] + b₀[v₀]·b₁[v₁] from its V × V table
+  of object values, observed where weight_U > 0, by hard imputation: fill the unobserved cells
+  with the current fit, refit the whole table exactly (double centring gives c and a, the
+  leading singular pair of the rest gives b), repeat."""
+  v = max(model.values_per_concept)
+  seen_VxV = jnp.zeros((v, v), bool).at[values_UxC[:, 0], values_UxC[:, 1]].max(weight_U > 0)
+  table_VxV = jnp.zeros((v, v), jnp.float32).at[values_UxC[:, 0], values_UxC[:, 1]].set(
+      jnp.where(weight_U > 0, y_U, 0.0))
+
+  def fit(fill_VxV):
+    x_VxV = jnp.where(seen_VxV, table_VxV, fill_VxV)
+    c = x_VxV.mean()
+    row_V, col_V = x_VxV.mean(1) - c, x_VxV.mean(0) - c
+    u_VxV, s_V, vt_VxV = jnp.linalg.svd(x_VxV - c - row_V[:, None] - col_V[None, :])
+    b0_V, b1_V = u_VxV[:, 0] * jnp.sqrt(s_V[0]), vt_VxV[0] * jnp.sqrt(s_V[0])
+    return c, row_V, col_V, b0_V, b1_V
+
+  def sweep(_, fill_VxV):
+    c, row_V, col_V, b0_V, b1_V = fit(fill_VxV)
+    return c + row_V[:, None] + col_V[None, :] + b0_V[:, None] * b1_V[None, :]
+
+  c, row_V, col_V, b0_V, b1_V = fit(jax.lax.fori_loop(0, sweeps, sweep, jnp.zeros((v, v))))
+  has_sum = LAYOUT[model.family][0]
+  return jnp.concatenate([c[None], row_V * has_sum, col_V * has_sum, b0_V, b1_V])
+
+
+def _best_of_starts(key, slots_TxS, y_T, weight_T, model, starts, iterations):
+  """One coordinate fitted from `starts` starts drawn from `key` (the first, for one object of
+  two concepts, `_completion_start`); the cheapest (θ, cost)."""
+  theta_RxP = jax.vmap(lambda k: _init_theta(k, model))(jax.random.split(key, starts))
+  if model.num_slots == 2 and LAYOUT[model.family][2]:
+    theta_RxP = theta_RxP.at[0].set(_completion_start(slots_TxS, y_T, weight_T, model))
+  theta_RxP, cost_R = jax.vmap(lambda t: _levenberg_marquardt(
+      t, slots_TxS, y_T, weight_T, model, iterations))(theta_RxP)
+  best = jnp.argmin(jnp.where(jnp.isfinite(cost_R), cost_R, jnp.inf))
+  return theta_RxP[best], cost_R[best]
+
+
+def _solve_coordinates(key, slots_TxS, targets_TxD, weight_T, model, starts, iterations):
+  """θ [D, P] and cost [D] of every coordinate; each coordinate draws its own starts, since
+  shared starts would fail together."""
+  keys_Dx2 = jax.random.split(key, targets_TxD.shape[1])
+  return jax.vmap(lambda k, y_T: _best_of_starts(k, slots_TxS, y_T, weight_T, model, starts,
+                                                 iterations), in_axes=(0, 1))(keys_Dx2,
+                                                                              targets_TxD)
+
+
+def _linear_fit(slots_TxS, targets_TxD, weight_T, model):
+  """θ [D, P] of the additive form, linear in θ: one least-squares solve (ridge as in
+  `_levenberg_marquardt`) whose normal matrix all coordinates share."""
+  theta_P = _init_theta(jax.random.PRNGKey(0), model)
+  _, index_TxQ, grad_TxQ = _rows(theta_P, slots_TxS, model)
+  j_TxP = _dense(index_TxQ, grad_TxQ * jnp.sqrt(weight_T)[:, None], theta_P.shape[0])
+  ridge = RIDGE * weight_T.sum() / max(model.values_per_concept)
+  rhs_PxD = j_TxP.T @ (targets_TxD * jnp.sqrt(weight_T)[:, None])
+  return jnp.linalg.solve(j_TxP.T @ j_TxP + ridge * jnp.eye(theta_P.shape[0]), rhs_PxD).T
+
+
+def _object_tables(values_TxKxC, ids_TxK, targets_TxD, weight_T, num_objects):
+  """The least-squares fit of y = g_1[o_1] + … + g_K[o_K] over the training scenes: per
+  position k and object u, g [K, U, D] and the scenes holding u at k [K, U].
+
+  An object never seen at k keeps g = 0 and weight 0 (a ridge of 1e-6 of the largest count
+  pins it; the positions' shared constant is the minimum-norm one)."""
+  k = ids_TxK.shape[1]
+  columns_TxK = jnp.arange(k)[None, :] * num_objects + ids_TxK
+  w_T = weight_T.astype(jnp.float32)
+  size = k * num_objects
+  gram = jnp.zeros((size, size), jnp.float32).at[
+      columns_TxK[:, :, None], columns_TxK[:, None, :]].add(w_T[:, None, None])
+  rhs = jnp.zeros((size, targets_TxD.shape[1]), jnp.float32).at[columns_TxK].add(
+      (w_T[:, None] * targets_TxD)[:, None, :])
+  count = jnp.diagonal(gram)
+  g = jnp.linalg.solve(gram + 1e-6 * count.max() * jnp.eye(size), rhs)
+  return g.reshape(k, num_objects, -1), count.reshape(k, num_objects)
+
+
+def solve(key, rows_T, weight_T, targets_TxD, values_NxKxC, ids_NxK, num_objects, model,
+          starts, iterations):
+  """Every coordinate of one model fitted from `starts` starts, the cheapest kept.
+
+  rows_T: the training scenes among the N scenes (values_NxKxC, object ids ids_NxK < num_objects);
+  weight_T: 1 on valid rows, 0 on padding; targets_TxD: their targets in the fit's units. The
+  per-object families first fit every object at every position its own value
+  (`_object_tables`, a linear least-squares problem shared by all coordinates), then each
+  position's C-slot form to its objects' values, weighted by their scene counts; the others fit
+  the scenes directly; `additive` is one linear least-squares solve.
+  Returns θ [D, P] (`num_parameters`) and the share of coordinates whose predictions on all N
+  scenes (per-object families: on every object at every position) the training scenes determine
+  (`identified`).
+  """
+  n, k, c = values_NxKxC.shape
+  slots_NxS = values_NxKxC.reshape(n, k * c)
+  if model.family == "additive":
+    theta_DxP = _linear_fit(slots_NxS[rows_T], targets_TxD, weight_T, model)
+    # Linear: the Jacobian, so the answer, is the same for every coordinate.
+    return theta_DxP, identified(theta_DxP[:1], slots_NxS[rows_T], weight_T, slots_NxS, model)
+  if not LAYOUT[model.family][2]:
+    theta_DxP = _solve_coordinates(key, slots_NxS[rows_T], targets_TxD, weight_T, model, starts,
+                                   iterations)[0]
+    return theta_DxP, identified(theta_DxP, slots_NxS[rows_T], weight_T, slots_NxS, model)
+  g_KxUxD, count_KxU = _object_tables(values_NxKxC[rows_T], ids_NxK[rows_T], targets_TxD,
+                                      weight_T, num_objects)
+  values_UxC = jnp.zeros((num_objects, c), jnp.int32).at[ids_NxK].set(values_NxKxC)
+  single = dataclasses.replace(model, max_objects=1)
+
+  def position(key_2, g_UxD, w_U):
+    theta_DxQ = _solve_coordinates(key_2, values_UxC, g_UxD, w_U, single, starts,
+                                   iterations)[0]
+    return theta_DxQ, identified(theta_DxQ, values_UxC, w_U, values_UxC, single)
+
+  theta_KxDxQ, share_K = jax.vmap(position)(jax.random.split(key, k), g_KxUxD, count_KxU)
+  # Slot k·C + c holds position k's table of concept c; the intercepts add up.
+  half = (theta_KxDxQ.shape[-1] - 1) // 2
+  a_DxH = jnp.moveaxis(theta_KxDxQ[..., 1:1 + half], 0, 1).reshape(theta_KxDxQ.shape[1], -1)
+  b_DxH = jnp.moveaxis(theta_KxDxQ[..., 1 + half:], 0, 1).reshape(theta_KxDxQ.shape[1], -1)
+  return (jnp.concatenate([theta_KxDxQ[..., 0].sum(0)[:, None], a_DxH, b_DxH], -1),
+          share_K.mean())
+
+
+def to_params(theta_DxP, model):
+  """The family's parameters (`families.Approximator.init`'s tree) holding the coordinates' θ."""
+  has_sum, has_product, _ = LAYOUT[model.family]
+  d = theta_DxP.shape[0]
+  half = (theta_DxP.shape[1] - 1) // 2
+  shape = (d, model.num_slots, max(model.values_per_concept))
+  a_SxVxD = jnp.moveaxis(theta_DxP[:, 1:1 + half].reshape(shape), 0, -1)
+  b_SxVxD = jnp.moveaxis(theta_DxP[:, 1 + half:].reshape(shape), 0, -1)
+  params = {"tables": b_SxVxD if has_product else a_SxVxD}
+  if has_sum and has_product:
+    params["sum_tables"] = a_SxVxD
+  eye = jnp.eye(model.out_dim, dtype=jnp.float32)
+  kernel = jnp.concatenate([eye, eye]) if model.family == "sum_product" else eye
+  params["out"] = {"kernel": kernel, "bias": theta_DxP[:, 0]}
+  return params
+
+
+def identified(theta_DxP, slots_TxS, weight_T, slots_NxS, model):
+  """Share of the coordinates whose predictions on all N scenes the training scenes determine.
+
+  A coordinate is identified when no direction in the null space of its training Jacobian (the
+  parameter changes that leave every training prediction unchanged, to first order) changes a
+  prediction on the N scenes: the fit's predictions are then a point, not a set.
+  """
+  num_params = theta_DxP.shape[1]
+
+  def one_coordinate(theta_P):
+    _, index_TxQ, grad_TxQ = _rows(theta_P, slots_TxS, model)
+    train_TxP = _dense(index_TxQ, grad_TxQ * jnp.sqrt(weight_T)[:, None], num_params)
+    _, sigma, vt_RxP = jnp.linalg.svd(train_TxP, full_matrices=False)
+    seen_RxP = vt_RxP * (sigma > NULL_TOLERANCE * sigma[0])[:, None]
+    projector_PxP = jnp.eye(num_params) - seen_RxP.T @ seen_RxP
+    _, index_NxQ, grad_NxQ = _rows(theta_P, slots_NxS, model)
+    block_NxQxQ = projector_PxP[index_NxQ[:, :, None], index_NxQ[:, None, :]]
+    leak = jnp.einsum("nq,nqr,nr->", grad_NxQ, block_NxQxQ, grad_NxQ)
+    return leak <= LEAK_TOLERANCE * jnp.maximum((grad_NxQ ** 2).sum(), 1e-30)
+
+  return jax.lax.map(one_coordinate, theta_DxP, batch_size=16).astype(jnp.float32).mean()
