@@ -47,7 +47,7 @@ every device; docs/training.md, "Lanes").
 """
 import ml_collections
 
-from bindjax import train
+from bindjax.training import train
 
 COVERAGES_0_1_TO_0_9 = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # gpu_quick's step count, from the measured step rate on one GPU

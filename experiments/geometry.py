@@ -9,14 +9,14 @@
       --config=experiments/geometry.py:smoke --quadruple=red,blue,cube,sphere
 
 Presets (the ARG after the colon):
-  paper   the settings of docs/geometry.md (bindjax.geometry.config.default_config(), which the
+  paper   the settings of docs/geometry.md (bindjax.frozen.geometry.config.default_config(), which the
           commands also use without --config).
   cpu     the same with 3,000 steps for the additive fits and the probes.
   smoke   the same with 200 steps: checks the machinery.
 
 No docs/findings page records a run of these presets yet.
 """
-from bindjax.geometry import config as geometry_config
+from bindjax.frozen.geometry import config as geometry_config
 
 # Steps of the additive fits and of the probes, per reduced preset.
 STEPS = {"cpu": 3000, "smoke": 200}

@@ -6,7 +6,7 @@
 With several processes, each is pinned to its own share of this machine's cores (--no-pin to
 leave them unpinned; Linux only) and so makes one CPU device per core of its share. Inside one
 process, XLA:CPU runs every device's ops on one shared thread pool, so each device's work hops
-between cores; pinned processes keep it on one (bindjax.parallel.split_cores, measured by
+between cores; pinned processes keep it on one (bindjax.runtime.parallel.split_cores, measured by
 experiments/benchmarks/sweep_throughput.py --processes).
 
 The workdir is dated (ROOT/YYYYmmdd-HHMMSS-coverage_sweep-cpu) unless --workdir is given (to
@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-from bindjax import parallel  # noqa: E402
+from bindjax.runtime import parallel  # noqa: E402
 
 
 def build_commands(args, extra, workdir):

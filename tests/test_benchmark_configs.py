@@ -3,7 +3,7 @@ import argparse
 import importlib.util
 import os
 
-from bindjax import grid
+from bindjax.training import grid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,17 +13,17 @@ import jax
 import numpy as np
 import pytest
 
-from bindjax import cli
-from bindjax import embeddings
-from bindjax import files
-from bindjax import parallel
-from bindjax import results
+from bindjax.base import files
 from bindjax.commands import flags
+from bindjax.commands import main as cli
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.complexity import fitting
 from bindjax.complexity import replicas
-from bindjax.probes import linear
+from bindjax.frozen import embeddings
+from bindjax.frozen.probes import linear
+from bindjax.runtime import parallel
+from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINDING = os.path.join(REPO, "experiments", "binding.py")

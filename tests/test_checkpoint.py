@@ -1,4 +1,4 @@
-"""bindjax.checkpoint (orbax) and exact resume of `bindjax train` after SIGKILL."""
+"""bindjax.workdir.checkpoint (orbax) and exact resume of `bindjax train` after SIGKILL."""
 import json
 import os
 import shutil
@@ -15,10 +15,10 @@ import orbax.checkpoint as ocp
 import pytest
 import tensorstore as ts
 
-from bindjax import checkpoint
-from bindjax import extract
-from bindjax import results
-from bindjax import train
+from bindjax.frozen import extract
+from bindjax.training import train
+from bindjax.workdir import checkpoint
+from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -267,7 +267,7 @@ def test_the_orbax_names_the_row_read_builds_on_are_there():
 
 
 def _train_command(workdir, num_steps):
-  return [sys.executable, "-m", "bindjax.cli", "train",
+  return [sys.executable, "-m", "bindjax.commands.main", "train",
           f"--config={os.path.join(REPO, 'experiments', 'train.py')}:smoke",
           f"--workdir={workdir}", f"--config.num_steps={num_steps}",
           "--config.checkpoint.every=20", "--config.eval.every=20", "--config.log_every=10",

@@ -3,8 +3,8 @@ import sys
 
 import pytest
 
-from bindjax import cli
 from bindjax.commands import flags
+from bindjax.commands import main as cli
 
 
 def test_help_lists_every_command(capsys):

@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from bindjax import cli
-from bindjax import progress
-from bindjax import results
+from bindjax.base import progress
 from bindjax.commands import flags
+from bindjax.commands import main as cli
+from bindjax.workdir import results
 
 import test_workdir_integrity
 
@@ -47,7 +47,7 @@ def test_config_help_lists_the_presets_fields_with_values(capsys, monkeypatch):
 
 def _sweep_workdir(tmp_path):
   """A workdir holding the smoke sweep's config only: enough for extract to count replicas."""
-  from bindjax import files  # pylint: disable=g-import-not-at-top
+  from bindjax.base import files  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "sweep"
   workdir.mkdir()
   files.write_json(workdir / results.CONFIG_FILE,
@@ -57,7 +57,7 @@ def _sweep_workdir(tmp_path):
 
 def _interrupted_probe(monkeypatch):
   """Makes `bindjax probe` stop as Ctrl-C stops it, at step 40 of 100."""
-  from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
 
   def interrupted(*args, **kwargs):
     del args, kwargs

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from bindjax import cli
 from bindjax.commands import flags
+from bindjax.commands import main as cli
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 
@@ -205,7 +205,7 @@ def _damaged_copy(tmp_path, damage):
   an object array); returns (folder, the damaged file)."""
   folder = tmp_path / "damaged"
   if damage == "object array":
-    from bindjax import embeddings
+    from bindjax.frozen import embeddings
     embeddings.read_embeddings(DATA).save(folder)
     arrays = dict(np.load(folder / "embeddings.npz"))
     arrays["num_objects"] = arrays["num_objects"].astype(object)

@@ -1,4 +1,4 @@
-"""bindjax.compat.safe_pickle: only torch/numpy data globals load; anything else is refused."""
+"""bindjax.frozen.compat.safe_pickle: only torch/numpy data globals load; anything else is refused."""
 import collections
 import io
 import os
@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from bindjax.compat import safe_pickle
+from bindjax.frozen.compat import safe_pickle
 
 
 class _Exploit:

@@ -1,4 +1,4 @@
-"""bindjax.compat.reference and `bindjax import`: folders of the original code, without torch."""
+"""bindjax.frozen.compat.reference and `bindjax import`: folders of the original code, without torch."""
 import glob
 import json
 import os
@@ -9,11 +9,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bindjax import cli
-from bindjax import embeddings
-from bindjax.compat import reference
-from bindjax.compat import safe_pickle
-from bindjax.compat import torch_format
+from bindjax.commands import main as cli
+from bindjax.frozen.compat import reference
+from bindjax.frozen.compat import safe_pickle
+from bindjax.frozen.compat import torch_format
+from bindjax.frozen import embeddings
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 PT_NAME = os.path.relpath(glob.glob(os.path.join(DATA, "embeddings", "*.pt"))[0], DATA)

@@ -1,4 +1,4 @@
-"""bindjax.compat.torch_format / torch_random: torch files and randperm without torch."""
+"""bindjax.frozen.compat.torch_format / torch_random: torch files and randperm without torch."""
 import glob
 import io
 import os
@@ -9,9 +9,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from bindjax.compat import safe_pickle
-from bindjax.compat import torch_format
-from bindjax.compat import torch_random
+from bindjax.frozen.compat import safe_pickle
+from bindjax.frozen.compat import torch_format
+from bindjax.frozen.compat import torch_random
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 PT_FILE = glob.glob(os.path.join(DATA, "embeddings", "trained_embeddings_*.pt"))[0]

@@ -1,4 +1,4 @@
-"""bindjax.compat against genuine PyTorch: files torch wrote, files torch reads, randperm.
+"""bindjax.frozen.compat against genuine PyTorch: files torch wrote, files torch reads, randperm.
 
 Two halves. The torch-free half reads small files that torch.save / pickle.dump wrote
 (tests/data/torch_fixtures) and compares them with the values numpy recorded beside them in
@@ -23,9 +23,9 @@ import warnings
 import numpy as np
 import pytest
 
-from bindjax.compat import safe_pickle
-from bindjax.compat import torch_format
-from bindjax.compat import torch_random
+from bindjax.frozen.compat import safe_pickle
+from bindjax.frozen.compat import torch_format
+from bindjax.frozen.compat import torch_random
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "data", "torch_fixtures")
 EXPECTED = os.path.join(FIXTURES, "expected.json")

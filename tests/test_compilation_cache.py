@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bindjax import compilation_cache
+from bindjax.runtime import compilation_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = os.path.join(REPO, "experiments", "coverage_sweep.py")
@@ -53,7 +53,7 @@ def test_second_sweep_loads_every_program_from_the_cache(tmp_path):
   cache = compilation_cache.cache_dir(env)
 
   def sweep(workdir):
-    subprocess.run([sys.executable, "-m", "bindjax.cli", "sweep", f"--config={__file__}",
+    subprocess.run([sys.executable, "-m", "bindjax.commands.main", "sweep", f"--config={__file__}",
                     f"--workdir={tmp_path / workdir}", "--noprogress", "--noreport"],
                    env=env, check=True, timeout=600, capture_output=True)
     return _entries(cache)

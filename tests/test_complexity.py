@@ -17,7 +17,7 @@ from bindjax.complexity import families
 from bindjax.complexity import fitting
 from bindjax.complexity import results
 from bindjax.complexity import trees
-from bindjax.probes import linear
+from bindjax.frozen.probes import linear
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ from bindjax.complexity import coordinate
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.complexity import fitting
-from bindjax.probes import linear
+from bindjax.frozen.probes import linear
 
 # Planted draws and split seeds of these tests: used by no default, study or other test.
 DRAW = 8100

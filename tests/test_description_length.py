@@ -16,7 +16,7 @@ from bindjax.complexity import data as data_lib
 from bindjax.complexity import description_length as dl
 from bindjax.complexity import families
 from bindjax.complexity import fitting
-from bindjax.probes import linear
+from bindjax.frozen.probes import linear
 from test_complexity import DATA, REPO, make_data
 
 # All 625 ordered 2-object scenes of 5 × 5 values, D = 8, planted and fitted with E = 2. Every

@@ -1,4 +1,4 @@
-"""bindjax.embeddings.EmbeddingSet and bindjax.tfds_builder."""
+"""bindjax.frozen.embeddings.EmbeddingSet and bindjax.frozen.tfds_builder."""
 import json
 import os
 import stat
@@ -6,8 +6,8 @@ import stat
 import numpy as np
 import pytest
 
-from bindjax import embeddings
-from bindjax.embeddings import EmbeddingSet
+from bindjax.frozen import embeddings
+from bindjax.frozen.embeddings import EmbeddingSet
 
 # Two concepts (V = 3, 2), up to 2 objects; object ids by first appearance: (0,1)=0, (2,0)=1,
 # (1,1)=2, (0,0)=3.
@@ -155,7 +155,7 @@ def test_load_errors_name_the_file(tmp_path):
 
 def test_tfds_round_trip_in_order_without_tensorflow(tmp_path):
   import sys  # pylint: disable=g-import-not-at-top
-  from bindjax import tfds_builder  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen import tfds_builder  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1)
   scenes = [SCENES[i % 5] for i in range(23)]
   es = EmbeddingSet.from_scenes(rng.normal(size=(23, 6)), scenes, (3, 2),
@@ -204,7 +204,7 @@ def test_tfds_round_trip_in_order_without_tensorflow(tmp_path):
 
 
 def test_tfds_write_chunks_checks_chunks(tmp_path):
-  from bindjax import tfds_builder  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen import tfds_builder  # pylint: disable=g-import-not-at-top
   good = _set()
   other = EmbeddingSet.from_scenes(np.zeros((1, 5)), [[[0, 1]]], (3, 2), max_objects=2)
   with pytest.raises(ValueError, match=r"chunk 1: .*dim=5.*expected \[3, 2\], 4, 2"):
@@ -221,7 +221,7 @@ def test_tfds_write_chunks_checks_chunks(tmp_path):
 
 
 def test_tfds_empty_and_bad_reads(tmp_path):
-  from bindjax import tfds_builder  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen import tfds_builder  # pylint: disable=g-import-not-at-top
   path = tfds_builder.write_embedding_set(_set(), tmp_path / "tf")
   source = tfds_builder.EmbeddingSource(path)
   assert source.read([])["embedding"].shape == (0, 4)

@@ -1,4 +1,4 @@
-"""TensorBoard event files of a sweep (bindjax.event_files): one run per replica, named by its
+"""TensorBoard event files of a sweep (bindjax.workdir.event_files): one run per replica, named by its
 grid coordinates, holding every curve of its rows; written as TFRecords with valid CRCs."""
 import collections
 import glob
@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from bindjax import cli
-from bindjax import event_files
-from bindjax import files
-from bindjax import results
+from bindjax.base import files
+from bindjax.commands import main as cli
+from bindjax.workdir import event_files
+from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "tests", "test_sweep.py")

@@ -13,18 +13,18 @@ import jax
 import numpy as np
 import pytest
 
-from bindjax import bucket_programs
-from bindjax import checkpoint
-from bindjax import cli
-from bindjax import embeddings
-from bindjax import extract
-from bindjax import models
-from bindjax import parallel
-from bindjax import results
-from bindjax import sweep
-from bindjax import world
 from bindjax.commands import extract as extract_command
-from bindjax.geometry import interventions
+from bindjax.commands import main as cli
+from bindjax.core import models
+from bindjax.core import world
+from bindjax.frozen import embeddings
+from bindjax.frozen import extract
+from bindjax.frozen.geometry import interventions
+from bindjax.runtime import parallel
+from bindjax.training import bucket_programs
+from bindjax.training import sweep
+from bindjax.workdir import checkpoint
+from bindjax.workdir import results
 import test_checkpoint
 import test_sweep
 
@@ -121,7 +121,7 @@ def test_extracted_set_feeds_the_frozen_embedding_analyses(cosine_model, tmp_pat
 
 
 def test_reference_checkpoint_round_trip(cosine_model, tmp_path):
-  from bindjax.compat import torch_checkpoint  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.compat import torch_checkpoint  # pylint: disable=g-import-not-at-top
   path = str(tmp_path / "model.pt")
   torch_checkpoint.save_reference_checkpoint(cosine_model.params, cosine_model.model, path,
                                              global_step=11)
@@ -150,8 +150,8 @@ def listing(path):
 
 
 def test_unusable_workdirs_get_clear_errors_and_nothing_is_written(tmp_path):
-  from bindjax import grid  # pylint: disable=g-import-not-at-top
-  from bindjax import train  # pylint: disable=g-import-not-at-top
+  from bindjax.training import grid  # pylint: disable=g-import-not-at-top
+  from bindjax.training import train  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="does not exist"):
     extract.load_workdir(tmp_path / "missing")
   empty = tmp_path / "empty"

@@ -6,9 +6,9 @@ import matplotlib
 import numpy as np
 import pytest
 
-from bindjax import files
-from bindjax import report
-from bindjax.plots import binding_fits
+from bindjax.base import files
+from bindjax.reporting.plots import binding_fits
+from bindjax.reporting import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOUR_SIZES = [os.path.join(REPO, "docs", "findings", "scaling_law", name)

@@ -1,11 +1,11 @@
-"""Tests of bindjax.files: atomic writes leave only the final file; JSONL reads skip a torn line."""
+"""Tests of bindjax.base.files: atomic writes leave only the final file; JSONL reads skip a torn line."""
 import json
 import os
 
 import numpy as np
 import pytest
 
-from bindjax import files
+from bindjax.base import files
 
 
 def test_write_atomic_text_then_bytes(tmp_path):

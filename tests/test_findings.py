@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from bindjax import report
-from bindjax import results
 from bindjax.complexity import replicas
-from bindjax.plots import phase_transition
+from bindjax.reporting.plots import phase_transition
+from bindjax.reporting import report
+from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLDERS = sorted(os.path.dirname(p) for p in glob.glob(

@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from bindjax import embeddings
 from bindjax.commands import decompose as decompose_command
-from bindjax.geometry import common
-from bindjax.geometry import decomposition
-from bindjax.geometry import planted
-from bindjax.probes import linear
+from bindjax.frozen import embeddings
+from bindjax.frozen.geometry import common
+from bindjax.frozen.geometry import decomposition
+from bindjax.frozen.geometry import planted
+from bindjax.frozen.probes import linear
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 # Reduced step counts; one static config so every planted set shares one compile.

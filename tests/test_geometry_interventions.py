@@ -7,13 +7,13 @@ import sys
 import numpy as np
 import pytest
 
-from bindjax import embeddings
 from bindjax.commands import interventions as interventions_command
 from bindjax.commands import interventions_table as table_command
-from bindjax.geometry import common
-from bindjax.geometry import interventions
-from bindjax.geometry import planted
-from bindjax.probes import linear
+from bindjax.frozen import embeddings
+from bindjax.frozen.geometry import common
+from bindjax.frozen.geometry import interventions
+from bindjax.frozen.geometry import planted
+from bindjax.frozen.probes import linear
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 PROBE = linear.ProbeConfig(steps=300)

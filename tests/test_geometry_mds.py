@@ -7,11 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from bindjax import embeddings
 from bindjax.commands import mds as mds_command
-from bindjax.geometry import mds
-from bindjax.geometry import planted
-from bindjax.plots import mds as mds_plots
+from bindjax.frozen import embeddings
+from bindjax.frozen.geometry import mds
+from bindjax.frozen.geometry import planted
+from bindjax.reporting.plots import mds as mds_plots
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 SUM_ROWS, COMPOSITE_ROWS = (10, 11), (8, 9)

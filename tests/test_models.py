@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bindjax import models
-from bindjax import world
+from bindjax.core import models
+from bindjax.core import world
 
 # Tiny world: C=2, V=4 -> concept tokens 0..7, SOO 8, EOO 9, EOS 10, PAD 11; K=2.
 SOO, EOO, EOS, PAD = 8, 9, 10, 11

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bindjax import objectives
-from bindjax import world
+from bindjax.core import objectives
+from bindjax.core import world
 
 
 def _correct(logits, labels, query_mask=None):

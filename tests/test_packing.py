@@ -8,14 +8,14 @@ import jax
 import numpy as np
 import pytest
 
-from bindjax import errors
-from bindjax import files
-from bindjax import grid
-from bindjax import packing
-from bindjax import results
-from bindjax import sweep
-from bindjax import train
+from bindjax.base import errors
+from bindjax.base import files
 from bindjax.commands import flags
+from bindjax.training import grid
+from bindjax.training import packing
+from bindjax.training import sweep
+from bindjax.training import train
+from bindjax.workdir import results
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_sweep  # pylint: disable=wrong-import-position
@@ -184,7 +184,7 @@ def test_a_workdir_from_before_packing_resumes_its_whole_buckets(in_turn_and_pac
 def test_extract_reads_a_replica_from_the_part_that_trained_it(in_turn_and_packed):
   """Bucket 1 trained as parts [0, 2) and [2, 3): each replica, and the bucket whole, read from
   the packed workdir as from the sweep in turn."""
-  from bindjax import extract  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen import extract  # pylint: disable=g-import-not-at-top
   turn, packed = in_turn_and_packed["none"][0], in_turn_and_packed["auto"][0]
   for replica in (3, 4, 5):
     a = extract.load_workdir(packed, replica=replica)

@@ -1,4 +1,4 @@
-"""Tests of bindjax.parallel on the 8 fake CPU devices from conftest."""
+"""Tests of bindjax.runtime.parallel on the 8 fake CPU devices from conftest."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from bindjax import parallel
+from bindjax.runtime import parallel
 
 
 def test_make_mesh_axes_and_types():
@@ -145,7 +145,7 @@ def test_use_cpu_cores_as_devices_before_and_after_backend_start():
   jax.devices()  # this process's backends are running: too late to change the device count
   with pytest.raises(RuntimeError, match="before the first JAX computation"):
     parallel.use_cpu_cores_as_devices(3, environ={})
-  code = ("import os; from bindjax import parallel; n = parallel.use_cpu_cores_as_devices(3); "
+  code = ("import os; from bindjax.runtime import parallel; n = parallel.use_cpu_cores_as_devices(3); "
           "import jax; print(n, jax.device_count(), os.environ['XLA_FLAGS'])")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,

@@ -4,13 +4,13 @@ import os
 
 import pytest
 
-from bindjax import grid
-from bindjax import train
 from bindjax.commands import flags
 from bindjax.complexity import analysis
 from bindjax.complexity import fitting
 from bindjax.complexity import replicas as binding
-from bindjax.geometry import config as geometry
+from bindjax.frozen.geometry import config as geometry
+from bindjax.training import grid
+from bindjax.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

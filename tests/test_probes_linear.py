@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from bindjax import embeddings as embeddings_lib
 from bindjax.commands import probe as probe_command
-from bindjax.probes import linear
+from bindjax.frozen import embeddings as embeddings_lib
+from bindjax.frozen.probes import linear
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 VALUES = (4, 3)
@@ -118,7 +118,7 @@ def test_probe_command_writes_native_probes(tmp_path):
 @pytest.mark.skipif(not os.path.isdir(DATA), reason="tests/data/clevr_text missing")
 def test_real_clevr_text_probes():
   """MiniLM caption embeddings: concepts are linearly decodable, objects only partly."""
-  from bindjax.compat import reference  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.compat import reference  # pylint: disable=g-import-not-at-top
   full = reference.read_reference_folder(DATA)
   assert full.num_scenes == 600 and full.dim == 384
   probes, metrics = linear.run_probes(full, linear.ProbeConfig(steps=300))

@@ -5,10 +5,10 @@ import os
 import numpy as np
 import pytest
 
-from bindjax import files
-from bindjax import report
-from bindjax import results
+from bindjax.base import files
 from bindjax.commands import report as report_command
+from bindjax.reporting import report
+from bindjax.workdir import results
 
 PLANTED = {(2, 20): 0.5, (2, 50): 0.32, (3, 50): 0.3}
 COVERAGES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -333,7 +333,7 @@ def _write_and_return(workdir, rows):
 
 
 def test_a_long_title_stays_inside_the_scaling_law_figure(monkeypatch):
-  from bindjax.plots import phase_transition  # pylint: disable=g-import-not-at-top
+  from bindjax.reporting.plots import phase_transition  # pylint: disable=g-import-not-at-top
   boxes = []
 
   def measure_title(fig, *_, **__):

@@ -1,4 +1,4 @@
-"""Tests for bindjax.scenes: every batch is checked against a brute-force numpy recomputation."""
+"""Tests for bindjax.core.scenes: every batch is checked against a brute-force numpy recomputation."""
 import functools
 
 import chex
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bindjax import scenes
-from bindjax import world
+from bindjax.core import scenes
+from bindjax.core import world
 
 # A few static configurations (each compiles once), covering: the published shape scaled down,
 # per-concept values, positives capped below the distinct count, built negatives, more candidate

@@ -13,16 +13,16 @@ import jax
 import numpy as np
 import pytest
 
-from bindjax import bucket_programs
-from bindjax import checkpoint
-from bindjax import files
-from bindjax import grid
-from bindjax import parallel
-from bindjax import results
-from bindjax import sweep
-from bindjax import train
-from bindjax import xla_options
+from bindjax.base import files
 from bindjax.commands import flags
+from bindjax.runtime import parallel
+from bindjax.runtime import xla_options
+from bindjax.training import bucket_programs
+from bindjax.training import grid
+from bindjax.training import sweep
+from bindjax.training import train
+from bindjax.workdir import checkpoint
+from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = os.path.join(REPO, "experiments", "coverage_sweep.py")
@@ -197,8 +197,8 @@ def test_rerun_into_finished_workdir_does_nothing(reference):
 def test_extract_reads_any_replica_with_its_best_parameters(reference, tmp_path, capsys):
   """A sweep replica becomes a model: its best parameters are those of the evaluation that
   results.select_evaluations calls best, and --replica picks it on the command line."""
-  from bindjax import cli
-  from bindjax import extract
+  from bindjax.commands import main as cli
+  from bindjax.frozen import extract
   workdir, _, rows = reference
   best = {r["replica"]: r["step"] for r in results.select_evaluations(rows, "best")}
   for index in (0, 4):
@@ -385,7 +385,8 @@ def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
   workdir = str(tmp_path / "killed")
   script = textwrap.dedent(f"""
       import os, signal
-      from bindjax import results_writer, sweep
+      from bindjax.training import sweep
+      from bindjax.workdir import results_writer
       import test_sweep
       add = results_writer.ResultsWriter.add
       def add_then_die(self, bucket, step, *args):
@@ -421,7 +422,7 @@ def run_two_processes(config_path, workdir, timeout=300):
   127.0.0.1; returns (exit codes, outputs)."""
   port = _free_port()
   procs = [subprocess.Popen(
-      [sys.executable, "-m", "bindjax.cli", "sweep", f"--config={config_path}",
+      [sys.executable, "-m", "bindjax.commands.main", "sweep", f"--config={config_path}",
        f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
        f"--process_id={i}", "--noprogress", "--noreport"],
       env=_env(2), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -531,7 +532,7 @@ def test_auto_chunk_keeps_each_cores_replicas_within_its_cache_share(monkeypatch
 @pytest.mark.parametrize("metric", ["accuracy", "binding"])
 def test_sweep_results_feed_the_report(reference, tmp_path, metric):
   """The sweep's own results.jsonl -> `bindjax report`: figure, ρ* table, binding figures."""
-  from bindjax import cli
+  from bindjax.commands import main as cli
   workdir, _, rows = reference
   evals = [r for r in rows if r["kind"] == "eval"]
   assert evals
@@ -566,7 +567,7 @@ def test_a_workdir_in_memory_round_trips_through_epath(reference, memory_fs, tmp
   they go to a local folder here (results.bucket_checkpoint_dir redirected).
   """
   from etils import epath
-  from bindjax import report
+  from bindjax.reporting import report
   local = tmp_path / "checkpoints"
   monkeypatch.setattr(results, "bucket_checkpoint_dir",
                       lambda workdir, bucket, members=None: local / f"bucket_{bucket:03d}")

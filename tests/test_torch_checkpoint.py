@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy import special
 
-from bindjax import models
-from bindjax.compat import torch_checkpoint
-from bindjax.compat import torch_format
+from bindjax.core import models
+from bindjax.frozen.compat import torch_checkpoint
+from bindjax.frozen.compat import torch_format
 
 D, HEADS, LAYERS, FF, OUT, VOCAB, PAD, EOS = 16, 2, 2, 32, 8, 12, 11, 10
 SCENES = np.array([[8, 0, 4, 9, EOS, PAD, PAD, PAD, PAD],

@@ -1,4 +1,4 @@
-"""bindjax.train: config validation, schedule, per-replica optimiser, purity and learning."""
+"""bindjax.training.train: config validation, schedule, per-replica optimiser, purity and learning."""
 import os
 
 import jax
@@ -7,16 +7,16 @@ import numpy as np
 import optax
 import pytest
 
-from bindjax import cli
-from bindjax import extract
-from bindjax import grid
-from bindjax import objectives
-from bindjax import results
-from bindjax import scenes
-from bindjax import sweep
-from bindjax import train
-from bindjax import xla_options
 from bindjax.commands import flags
+from bindjax.commands import main as cli
+from bindjax.core import objectives
+from bindjax.core import scenes
+from bindjax.frozen import extract
+from bindjax.runtime import xla_options
+from bindjax.training import grid
+from bindjax.training import sweep
+from bindjax.training import train
+from bindjax.workdir import results
 
 PRESETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "experiments", "train.py")
@@ -221,7 +221,7 @@ def test_tiny_model_learns_and_coverage_one_reports_training_objects(tmp_path):
   rank both positives of an ambiguous scene above both cross objects. The same scene tower with
   free per-object query vectors binds within 1,000 steps; the 2-layer d_model-64 preset
   (experiments/train.py:cpu) binds by 2,000 steps (query R² 0.55-0.86). Evidence, commands:
-  studies/tiny_binding_{probe,readout}.py (results in studies/results/tiny_binding/).
+  experiments/studies/tiny_binding_{probe,readout}.py (results in experiments/studies/results/tiny_binding/).
   """
   config = _tiny_config()
   final = sweep.run_single(config, tmp_path, progress=False, log=lambda *a: None)

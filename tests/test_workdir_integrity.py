@@ -21,17 +21,17 @@ import jax
 import numpy as np
 import pytest
 
-from bindjax import bucket_programs
-from bindjax import checkpoint
-from bindjax import cli
-from bindjax import files
-from bindjax import grid
-from bindjax import parallel
-from bindjax import report
-from bindjax import results
-from bindjax import sweep
-from bindjax import workdir_lock
+from bindjax.base import files
 from bindjax.commands import flags
+from bindjax.commands import main as cli
+from bindjax.reporting import report
+from bindjax.runtime import parallel
+from bindjax.training import bucket_programs
+from bindjax.training import grid
+from bindjax.training import sweep
+from bindjax.workdir import checkpoint
+from bindjax.workdir import lock as workdir_lock
+from bindjax.workdir import results
 
 import test_sweep
 
@@ -108,7 +108,8 @@ def _flip(path, offsets, mask=0xFF):
 # checkpoint save, mid-run.
 _INTERRUPT = textwrap.dedent("""
     import os, signal, sys
-    from bindjax import checkpoint, cli
+    from bindjax.commands import main as cli
+    from bindjax.workdir import checkpoint
     save = checkpoint.Checkpoints.save
     def interrupted(self, step, state, metadata=None):
       save(self, step, state, metadata)
@@ -146,7 +147,7 @@ def _holder(workdir, then="sleep"):
   """A process holding the workdir's lock: it sleeps, or is SIGKILLed while holding it."""
   script = textwrap.dedent(f"""
       import os, signal, sys, time
-      from bindjax import workdir_lock
+      from bindjax.workdir import lock as workdir_lock
       lock = workdir_lock.acquire({workdir!r})
       print("held", flush=True)
       if {then!r} == "die":
@@ -218,7 +219,7 @@ def test_the_lock_of_a_workdir_in_memory_is_its_record(memory_fs):
 
 
 def test_readers_read_a_live_workdir_without_the_lock(reference, tmp_path, capsys, monkeypatch):
-  from bindjax import extract
+  from bindjax.frozen import extract
   workdir = _copy(reference, tmp_path, finished=False)
   holder = _holder(workdir)
   try:
@@ -502,7 +503,9 @@ def test_a_full_disk_while_appending_rows(reference, tmp_path, capsys, monkeypat
 # Killing a run at one of these points (public seams only), then damaging what it left.
 _KILL = textwrap.dedent("""
     import os, signal, sys
-    from bindjax import checkpoint, files, sweep
+    from bindjax.base import files
+    from bindjax.training import sweep
+    from bindjax.workdir import checkpoint
     import test_sweep
     workdir, where, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     calls = []

@@ -1,4 +1,4 @@
-"""Tests for bindjax.world: ids, tokens, coverage splits (docs/world.md), split files."""
+"""Tests for bindjax.core.world: ids, tokens, coverage splits (docs/world.md), split files."""
 import os
 
 import hypothesis
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bindjax import world
+from bindjax.core import world
 
 values_strategy = st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple)
 

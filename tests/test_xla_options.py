@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bindjax import xla_options
+from bindjax.runtime import xla_options
 
 
 def test_cpu_programs_turn_off_ynn_fusions_unless_xla_flags_choose():

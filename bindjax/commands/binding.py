@@ -25,10 +25,10 @@ import os
 from absl import flags
 from etils import epath
 
-from bindjax import compilation_cache
-from bindjax import parallel
-from bindjax import results
 from bindjax.commands import flags as flags_lib
+from bindjax.runtime import compilation_cache
+from bindjax.runtime import parallel
+from bindjax.workdir import results
 
 
 def _default_config():

@@ -36,8 +36,8 @@ import dataclasses
 
 from absl import flags
 
-from bindjax import compilation_cache
 from bindjax.commands import flags as flags_lib
+from bindjax.runtime import compilation_cache
 
 
 def _default_config():

@@ -23,8 +23,8 @@ def main(argv):
   geometry_flags.parse(fv, argv, __doc__)
   prog, workdir = argv[0], fv["workdir"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
-  from bindjax.geometry import analysis  # pylint: disable=g-import-not-at-top
-  from bindjax.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.geometry import analysis  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.geometry import config as config_lib  # pylint: disable=g-import-not-at-top
   with flags_lib.usage_errors(prog):
     settings = config_lib.from_flags(fv)
   with flags_lib.run_errors(prog):

@@ -59,7 +59,7 @@ def main(argv):
       values = values and [int(v) for v in values]
     except ValueError:
       raise ValueError(f"--values_per_concept={','.join(values)}: expected integers") from None
-  from bindjax import extract  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen import extract  # pylint: disable=g-import-not-at-top
   with flags_lib.run_errors(prog):   # a missing or out-of-range --replica is a usage error
     if workdir is not None:
       trained = extract.load_workdir(workdir, fv["which"].value, fv["replica"].value)

@@ -22,8 +22,8 @@ import textwrap
 from absl import flags
 from ml_collections import config_flags
 
-from bindjax import errors
-from bindjax import files
+from bindjax.base import errors
+from bindjax.base import files
 
 USAGE_ERROR = 2
 INPUT_ERROR = 1

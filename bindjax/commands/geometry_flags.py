@@ -25,5 +25,5 @@ def parse(fv, argv, description=None):
 
 
 def _default_config():
-  from bindjax.geometry import config  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.geometry import config  # pylint: disable=g-import-not-at-top
   return config.default_config()

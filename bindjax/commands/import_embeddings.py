@@ -26,12 +26,12 @@ def main(argv):
   prog, out = argv[0], fv["out"].value
   flags_lib.check_output_dir(prog, "out", out, fv["overwrite"].value)
   # Imported after flag parsing so `--help` stays fast.
-  from bindjax.compat import reference  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.compat import reference  # pylint: disable=g-import-not-at-top
   with flags_lib.input_errors(prog):
     embedding_set = reference.read_reference_folder(fv["reference"].value,
                                                     fv["embeddings"].value)
   if fv["tfds"].value:
-    from bindjax import tfds_builder  # pylint: disable=g-import-not-at-top
+    from bindjax.frozen import tfds_builder  # pylint: disable=g-import-not-at-top
     out = tfds_builder.write_embedding_set(embedding_set, out, overwrite=True)
   else:
     out = embedding_set.save(out, overwrite=True)

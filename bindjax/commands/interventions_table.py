@@ -26,8 +26,8 @@ def main(argv):
   flags_lib.parse(fv, argv, required=("summaries", "workdir"), description=__doc__)
   prog, workdir = argv[0], fv["workdir"].value
   flags_lib.check_output_dir(prog, "workdir", workdir, fv["overwrite"].value)
-  from bindjax import files  # pylint: disable=g-import-not-at-top
-  from bindjax.geometry import interventions  # pylint: disable=g-import-not-at-top
+  from bindjax.base import files  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.geometry import interventions  # pylint: disable=g-import-not-at-top
   with flags_lib.input_errors(prog):
     summaries = [interventions.load_summary(p) for p in fv["summaries"].value]
   with flags_lib.usage_errors(prog):   # --strength that a run does not have

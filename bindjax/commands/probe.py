@@ -18,7 +18,7 @@ from bindjax.commands import flags as flags_lib
 
 def main(argv):
   """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
-  from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
   defaults = linear.ProbeConfig()
   fv = flags_lib.new_flag_values(
       with_config=False, workdir_help="output directory: probes.npz and probe_metrics.json")

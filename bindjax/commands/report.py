@@ -16,9 +16,9 @@ import os
 from absl import flags
 from etils import epath
 
-from bindjax import report
-from bindjax import results
 from bindjax.commands import flags as bj_flags
+from bindjax.reporting import report
+from bindjax.workdir import results
 
 
 def main(argv):

@@ -12,11 +12,11 @@ import logging
 
 from absl import flags
 
-from bindjax import compilation_cache
-from bindjax import files
-from bindjax import parallel
-from bindjax import results
+from bindjax.base import files
 from bindjax.commands import flags as bj_flags
+from bindjax.runtime import compilation_cache
+from bindjax.runtime import parallel
+from bindjax.workdir import results
 
 
 def run(argv, *, single, description):
@@ -44,13 +44,13 @@ def run(argv, *, single, description):
   with bj_flags.usage_errors(prog):
     if "sweep" not in config or "cpu_devices" not in config.sweep:
       raise ValueError("config.sweep.cpu_devices is missing: expected a config built on "
-                       "bindjax.train.default_config()")
+                       "bindjax.training.train.default_config()")
     # Before anything touches the devices.
     parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
   compilation_cache.enable()
   parallel.maybe_initialize_distributed(fv["coordinator_address"].value,
                                         fv["num_processes"].value, fv["process_id"].value)
-  from bindjax import sweep  # pylint: disable=g-import-not-at-top
+  from bindjax.training import sweep  # pylint: disable=g-import-not-at-top
   loop = sweep.run_single if single else sweep.run_sweep
   workdir, overwrite = fv["workdir"].value, fv["overwrite"].value
   finished = (files.as_path(workdir) / results.DONE_FILE).exists() and not overwrite
@@ -65,7 +65,7 @@ def run(argv, *, single, description):
 def _default_config(single):
   """The defaults every preset starts from, with a sweep's (empty) grid unless `single`."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from bindjax import train  # pylint: disable=g-import-not-at-top
+  from bindjax.training import train  # pylint: disable=g-import-not-at-top
   config = train.default_config()
   if not single:
     config.grid = ml_collections.ConfigDict({name: () for name in (
@@ -80,7 +80,7 @@ def main(argv):
     print(f"report: left as it is (the sweep was already finished); `bindjax report "
           f"--workdir={fv['workdir'].value} --overwrite` redraws it")
   elif fv["report"].value and parallel.is_writer():
-    from bindjax import report  # pylint: disable=g-import-not-at-top
+    from bindjax.reporting import report  # pylint: disable=g-import-not-at-top
     try:
       summary = report.make_report(fv["workdir"].value, num_draws=200)
       print("report:", ", ".join(summary["figures"]))

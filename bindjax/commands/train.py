@@ -13,9 +13,9 @@ diverged (non-finite loss or parameters). Examples:
 """
 import json
 
-from bindjax import results
 from bindjax.commands import flags as bj_flags
 from bindjax.commands import sweep as sweep_command
+from bindjax.workdir import results
 
 SHOWN = (results.STEP, results.LOSS, results.object_accuracy(results.HELDOUT),
          results.concept_accuracy(results.HELDOUT), results.object_accuracy(results.TRAIN),

@@ -17,11 +17,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bindjax import config_values
-from bindjax import embeddings
-from bindjax import errors
-from bindjax import files
-from bindjax import progress as progress_lib
+from bindjax.base import config_values
+from bindjax.base import errors
+from bindjax.base import files
+from bindjax.base import progress as progress_lib
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import description_length as description_length_lib
 from bindjax.complexity import families
@@ -29,7 +28,8 @@ from bindjax.complexity import figure
 from bindjax.complexity import fitting
 from bindjax.complexity import results
 from bindjax.complexity import trees
-from bindjax.probes import linear
+from bindjax.frozen import embeddings
+from bindjax.frozen.probes import linear
 
 RESULTS_FILE = "results.json"
 # Object splits of the grid: "random" draws one per train fraction and seed; "coverage" uses the

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bindjax.compat import torch_random
-from bindjax.probes import linear
+from bindjax.frozen.compat import torch_random
+from bindjax.frozen.probes import linear
 
 MASKS = ("train_only", "test_only", "mixed")
 

@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bindjax import objectives
-from bindjax import parallel
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import fitting
-from bindjax.probes import linear
+from bindjax.core import objectives
+from bindjax.frozen.probes import linear
+from bindjax.runtime import parallel
 
 CSV_COLUMNS = ("name", "family", "seed", "num_parameters", "num_scenes", "num_objects",
                "num_blocks", "total_bits", "bits_per_scene", "baseline_bits_per_scene",

@@ -22,7 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from bindjax import config_values
+from bindjax.base import config_values
 
 FAMILIES = ("mlp", "additive", "product", "sum_product", "per_object_product",
             "per_object_sum_product")

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from bindjax import files  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bindjax.base import files  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bindjax.complexity import results  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PANELS = (("best_test_object_acc", "test-only object accuracy (best evaluation)"),

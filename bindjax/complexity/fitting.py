@@ -1,7 +1,7 @@
 """Batched fitting of binding approximators (docs/complexity.md, "Fitting").
 
 Every (train fraction, seed, learning rate) of one approximator shape is a row of one
-`jit(vmap)`, whose model axis is split over the devices of a `bindjax.parallel` mesh and chunked
+`jit(vmap)`, whose model axis is split over the devices of a `bindjax.runtime.parallel` mesh and chunked
 (`lax.map`) when the models do not fit in memory at once. Each model trains by full-batch MSE on
 its train-only scenes alone: the scenes are gathered once per fit and padded to the largest
 count of the batch, and `fit_grid` batches together only splits of similar training counts, so
@@ -21,13 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bindjax import engine
-from bindjax import objectives
-from bindjax import parallel
 from bindjax.complexity import coordinate
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
-from bindjax.probes import linear
+from bindjax.core import objectives
+from bindjax.frozen.probes import linear
+from bindjax.runtime import engine
+from bindjax.runtime import parallel
 
 SCHEDULES = ("cosine", "constant")
 SOLVERS = ("auto", "coordinate", "adam")

@@ -27,20 +27,20 @@ import ml_collections
 import numpy as np
 from scipy import stats
 
-from bindjax import config_values
-from bindjax import engine
-from bindjax import errors
-from bindjax import extract
-from bindjax import files
-from bindjax import parallel
-from bindjax import progress as progress_lib
-from bindjax import report
-from bindjax import results
+from bindjax.base import config_values
+from bindjax.base import errors
+from bindjax.base import files
+from bindjax.base import progress as progress_lib
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.complexity import fitting
 from bindjax.complexity import results as complexity_results
-from bindjax.probes import linear
+from bindjax.frozen import extract
+from bindjax.frozen.probes import linear
+from bindjax.reporting import report
+from bindjax.runtime import engine
+from bindjax.runtime import parallel
+from bindjax.workdir import results
 
 RESULTS_FILE = "results.json"
 CSV_FILE = "results.csv"
@@ -388,7 +388,7 @@ def run(settings, workdir, out, step=results.DEFAULT_STEP, mesh=None, log=print,
 
 
 def _write(out, settings, workdir, step, rows, table, timings, infos, saved):
-  from bindjax.plots import binding_fits  # pylint: disable=g-import-not-at-top
+  from bindjax.reporting.plots import binding_fits  # pylint: disable=g-import-not-at-top
   out = files.as_path(out)
   out.mkdir(parents=True, exist_ok=True)
   for es in saved:

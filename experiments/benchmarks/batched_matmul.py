@@ -17,7 +17,7 @@ import platform
 import sys
 import time
 
-# One thread per op, as bindjax sweep runs on CPU (bindjax.parallel.use_cpu_cores_as_devices).
+# One thread per op, as bindjax sweep runs on CPU (bindjax.runtime.parallel.use_cpu_cores_as_devices).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_cpu_multi_thread_eigen=false").strip()
 
@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
-from bindjax import files  # noqa: E402
+from bindjax.base import files  # noqa: E402
 
 # (name, N rows, D in, F out): the cpu preset (batch 128 × 36 scene tokens, d_model 64, d_ff 256).
 SHAPES = (("qkv", 4608, 64, 192), ("fc1", 4608, 64, 256), ("fc2", 4608, 256, 64))

@@ -48,8 +48,8 @@ DIM = 32
 def synthetic_sets(num, seed=0):
   """`num` embedding sets of all pairs of the VALUES objects, each with its own coverage split."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from bindjax import extract  # pylint: disable=g-import-not-at-top
-  from bindjax import world  # pylint: disable=g-import-not-at-top
+  from bindjax.core import world  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen import extract  # pylint: disable=g-import-not-at-top
   space = world.ObjectSpace(VALUES, 2)
   ids_U = np.arange(space.num_objects, dtype=np.int32)
   objects, num_objects = extract.pair_scenes(space, ids_U)
@@ -101,7 +101,7 @@ def project(args):
   """Prints and writes the projection of the binding run's results.json in args.project."""
   sys.path.insert(0, REPO)
   import jax  # pylint: disable=g-import-not-at-top
-  from bindjax import files  # pylint: disable=g-import-not-at-top
+  from bindjax.base import files  # pylint: disable=g-import-not-at-top
   p = projection(files.read_json(args.project), args.target)
   p["devices"] = f"{jax.device_count()} × {jax.devices()[0].device_kind}"
   p["source"] = args.project
@@ -135,8 +135,8 @@ def main(argv=None):
     project(args)
     return
   sys.path.insert(0, REPO)
-  from bindjax import parallel  # pylint: disable=g-import-not-at-top
   from bindjax.commands import flags  # pylint: disable=g-import-not-at-top
+  from bindjax.runtime import parallel  # pylint: disable=g-import-not-at-top
   config = flags.load_config(args.config)
   if args.steps:
     config.fit.steps = args.steps
@@ -145,7 +145,7 @@ def main(argv=None):
   settings = replicas.settings_from(config)
   parallel.use_cpu_cores_as_devices(settings.cpu_devices)   # as the command, before JAX
   import jax  # pylint: disable=g-import-not-at-top
-  from bindjax import files  # pylint: disable=g-import-not-at-top
+  from bindjax.base import files  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import families  # pylint: disable=g-import-not-at-top
 
   fit_config = settings.fit

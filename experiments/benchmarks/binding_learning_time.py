@@ -10,7 +10,7 @@ binding figure (docs/objectives.md#binding) on training scenes, i.e. the fractio
 scenes with objects that differ in every concept in which the scene scores both of its objects
 above both cross objects. For each (|O|, configuration: model, learning rate, weight decay) the
 table gives the first evaluation step at which the figure reaches --target (mean over seeds),
-its final value, and the set-separation accuracy on two-object scenes. One sweep (bindjax.sweep) runs the whole grid; models and sizes
+its final value, and the set-separation accuracy on two-object scenes. One sweep (bindjax.training.sweep) runs the whole grid; models and sizes
 are buckets, seeds are replicas.
 
 Writes experiments/benchmarks/results/binding_learning_time.{md,json,png} (or --out).
@@ -21,10 +21,10 @@ import os
 import platform
 import time
 
-from bindjax import files
-from bindjax import parallel
-from bindjax import results
+from bindjax.base import files
 from bindjax.commands import flags as bj_flags
+from bindjax.runtime import parallel
+from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
@@ -233,7 +233,7 @@ def main():
   config = make_config(args)
   parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
   import jax
-  from bindjax import sweep
+  from bindjax.training import sweep
 
   load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
   t0 = time.perf_counter()

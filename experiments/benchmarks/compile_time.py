@@ -13,7 +13,7 @@ sweep's own "compiled in N s" lines (everything before the first training step),
 extracted with `git archive` into a temporary folder), run alternately at each stage.
 
 For each layout (`ModelConfig.scan_layers`) and depth: the seconds to trace and lower
-bindjax.train.train_step (jit of the step as `train_step.py` builds it, lowered on abstract
+bindjax.training.train.train_step (jit of the step as `train_step.py` builds it, lowered on abstract
 arguments, so nothing runs) and to compile it with bindjax's compiler options. The towers are
 d_model 256, 4 heads, d_ff 1024, in the published run's space and batch (C = 2, V = 20, K = 2,
 512 scenes). Configs run interleaved (the layouts alternate at each depth), after one warm-up
@@ -36,10 +36,10 @@ import time
 
 import jax
 
-from bindjax import files
-from bindjax import models
-from bindjax import train
-from bindjax import xla_options
+from bindjax.base import files
+from bindjax.core import models
+from bindjax.runtime import xla_options
+from bindjax.training import train
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -148,7 +148,7 @@ def sweep_compile(source, num_layers, cache, workdir):
   env = dict(os.environ, XDG_CACHE_HOME=cache, BINDJAX_COMPILATION_CACHE="1")
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   t0 = time.perf_counter()
-  run = subprocess.run([sys.executable, "-m", "bindjax.cli", "sweep",
+  run = subprocess.run([sys.executable, "-m", "bindjax.commands.main", "sweep",
                         f"--config={os.path.abspath(__file__)}:{num_layers}",
                         f"--workdir={workdir}", "--noprogress", "--noreport"],
                        cwd=source, env=env, check=True, capture_output=True, text=True)

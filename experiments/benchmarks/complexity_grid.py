@@ -34,8 +34,8 @@ VALUES = (8, 3)
 
 def synthetic_set(dim, seed=0):
   """CLEVR-sized set: per-object vectors, their sum per scene plus a product term and noise."""
-  from bindjax import embeddings  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import data as data_lib  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen import embeddings  # pylint: disable=g-import-not-at-top
   objects, ids = data_lib.all_scenes(VALUES, 2)
   rng = np.random.default_rng(seed)
   vectors = rng.normal(size=(24, dim))
@@ -67,7 +67,7 @@ def child(args):
   from bindjax.complexity import data as data_lib  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import families  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import fitting  # pylint: disable=g-import-not-at-top
-  from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
   eset = synthetic_set(args.dim)
   data, _ = data_lib.from_set(eset)
   probes = linear.probes_to_weights(eset.probes, VALUES)
@@ -113,7 +113,7 @@ def run_processes(args, workdir):
   samples = []
   for i, (model, fraction) in enumerate(order[:args.process_samples]):
     # The config file and overrides exactly as a researcher would type them.
-    cmd = [sys.executable, "-m", "bindjax.cli", "complexity", f"--config={PAPER}",
+    cmd = [sys.executable, "-m", "bindjax.commands.main", "complexity", f"--config={PAPER}",
            f"--config.embeddings={eset_dir}", f"--config.models={model}",
            f"--config.train_fractions=({fraction},)", f"--config.steps={args.steps}",
            f"--config.eval_every={min(100, args.steps)}",
@@ -171,7 +171,7 @@ def main():
   result["command"] = " ".join(["python", "experiments/benchmarks/complexity_grid.py"] +
                                sys.argv[1:])
   os.makedirs(RESULTS, exist_ok=True)
-  from bindjax import files  # pylint: disable=g-import-not-at-top
+  from bindjax.base import files  # pylint: disable=g-import-not-at-top
   files.write_json(os.path.join(RESULTS, "complexity_grid.json"), files.to_jsonable(result),
                    indent=1)
   files.write_atomic(os.path.join(RESULTS, "complexity_grid.md"), table(result))

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 import bindjax
-from bindjax import scenes
-from bindjax import world
+from bindjax.core import scenes
+from bindjax.core import world
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "data_generation.json")

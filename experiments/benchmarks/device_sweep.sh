@@ -82,8 +82,8 @@ if wants quick; then
 STEPS_QUICK=$("$PYTHON" - "$OUT/throughput.json" "$PRESET" "$QUICK_SECONDS" "$MIN_STEPS" \
   "${EXTRA[@]}" <<'EOF'
 import json, sys
-from bindjax import grid
 from bindjax.commands import flags
+from bindjax.training import grid
 path, preset, seconds, least = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 overrides = sys.argv[5:]
 fv = flags.new_flag_values(with_workdir=False)
@@ -101,7 +101,7 @@ EOF
 [ -n "$STEPS_QUICK" ] || { echo "could not size the quick sweep"; exit 1; }
 echo "quick sweep: $STEPS_QUICK steps"
 EVERY=$(( STEPS_QUICK / 10 > 0 ? STEPS_QUICK / 10 : 1 ))
-timeout $(( QUICK_SECONDS * 3 + 120 )) "$PYTHON" -m bindjax.cli sweep \
+timeout $(( QUICK_SECONDS * 3 + 120 )) "$PYTHON" -m bindjax.commands.main sweep \
   --config=experiments/coverage_sweep.py:$PRESET --workdir="$OUT/quick" --overwrite \
   --config.num_steps="$STEPS_QUICK" --config.eval.every="$EVERY" \
   --config.checkpoint.every="$STEPS_QUICK" --config.log_every="$EVERY" "${EXTRA[@]}"
@@ -109,7 +109,7 @@ fi
 
 if wants binding; then
 # The sweep-wide binding fits of the quick sweep's replicas, and what 500 replicas would cost.
-timeout "${BINDING_SECONDS:-240}" "$PYTHON" -m bindjax.cli binding --workdir="$OUT/quick" \
+timeout "${BINDING_SECONDS:-240}" "$PYTHON" -m bindjax.commands.main binding --workdir="$OUT/quick" \
   --config=experiments/binding.py:$FITS --out="$OUT/quick_binding" --overwrite --noprogress ||
   { echo "binding fits did not finish"; exit 1; }
 "$PYTHON" experiments/benchmarks/binding_fits.py --project="$OUT/quick_binding/results.json" \

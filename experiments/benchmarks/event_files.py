@@ -5,7 +5,7 @@ the `cpu` preset's wall time, in one run.
 
 `bindjax sweep` writes every row twice on the host: appended to results.jsonl (the baseline,
 there before) and, with --tensorboard (the default), as one TensorBoard event per row
-(`bindjax.event_files`). This replays the `cpu` preset's rows through both writers exactly as the
+(`bindjax.workdir.event_files`). This replays the `cpu` preset's rows through both writers exactly as the
 loop calls them (one call per bucket and logged step, with that step's 20 rows): 20 replicas,
 10,000 steps, a row every 100 steps. Every row is a copy of a real evaluation row of that preset
 (docs/findings/scaling_law/cpu/results.jsonl: 49 fields, the most a row holds), so the event
@@ -24,12 +24,12 @@ import statistics
 import tempfile
 import time
 
-from bindjax import event_files
-from bindjax import files
-from bindjax import grid
-from bindjax import results
-from bindjax import sweep
+from bindjax.base import files
 from bindjax.commands import flags
+from bindjax.training import grid
+from bindjax.training import sweep
+from bindjax.workdir import event_files
+from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")

@@ -42,7 +42,10 @@ METHODS = ("whole", "params", "row")
 WORKER = r"""
 import hashlib, json, resource, sys, time
 import jax, numpy as np, tensorstore as ts
-from bindjax import bucket_programs, checkpoint, extract, parallel, results
+from bindjax.frozen import extract
+from bindjax.runtime import parallel
+from bindjax.training import bucket_programs
+from bindjax.workdir import checkpoint, results
 workdir, method, replica = sys.argv[1], sys.argv[2], int(sys.argv[3])
 METRIC = "/tensorstore/kvstore/file/bytes_read"
 
@@ -79,8 +82,11 @@ print(json.dumps({"seconds": seconds, "bytes_read": bytes_read() - before,
 SAVER = r"""
 import json, sys
 import jax, jax.numpy as jnp
-from bindjax import bucket_programs, checkpoint, files, grid, parallel, results
+from bindjax.base import files
 from bindjax.commands import flags
+from bindjax.runtime import parallel
+from bindjax.training import bucket_programs, grid
+from bindjax.workdir import checkpoint, results
 workdir, sizes = sys.argv[1], json.loads(sys.argv[2])
 config = flags.load_config("experiments/coverage_sweep.py:smoke")
 config.grid.spaces, config.grid.coverages = ((2, 10),), (0.5,)

@@ -71,7 +71,7 @@ def time_probe(steps):
   """Seconds per step of a probe fit (compiled), and the FLOPs of one step on its train rows."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
   emb, objects, ids = probe_set()
   u = int(np.prod(PROBE_VALUES))
   labels = linear.probe_labels(objects, np.full(len(ids), 2), PROBE_VALUES, ids, u)
@@ -100,7 +100,7 @@ def _fit_api():
     return data, families, fitting
   except ImportError:
     from bindjax import complexity  # pylint: disable=g-import-not-at-top
-    from bindjax.probes import binding  # pylint: disable=g-import-not-at-top
+    from bindjax.frozen.probes import binding  # pylint: disable=g-import-not-at-top
     return complexity, binding, complexity
 
 
@@ -108,7 +108,7 @@ def time_approximator(steps, family, widths):
   """Seconds of one approximator fit after compiling, and the FLOPs it needs."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bindjax.probes import linear  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
   data_lib, families, fitting = _fit_api()
   objects, ids = data_lib.all_scenes(FIT_VALUES, 2)
   u = int(np.prod(FIT_VALUES))
@@ -217,7 +217,7 @@ def main():
   result["loadavg"] = loads
   result["machine"] = {"cpus": os.cpu_count()}
   result["command"] = " ".join(["python", "experiments/benchmarks/frozen_fits.py"] + sys.argv[1:])
-  from bindjax import files  # pylint: disable=g-import-not-at-top
+  from bindjax.base import files  # pylint: disable=g-import-not-at-top
   files.write_json(os.path.join(RESULTS, "frozen_fits.json"), files.to_jsonable(result), indent=1)
   files.write_atomic(os.path.join(RESULTS, "frozen_fits.md"), table(result))
   print(table(result))

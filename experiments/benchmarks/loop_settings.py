@@ -5,7 +5,7 @@ tree and in a baseline tree whose programs held the schedule's length, side by s
   .venv/bin/python experiments/benchmarks/loop_settings.py --baseline=/tmp/bindjax_baseline
 
 Each side runs the `cpu` preset's model and batch on 4 replicas (coverage 0.5 and 0.9, seeds 0
-and 1, |O| = 100) with `bindjax.sweep.run_sweep` in worker processes that import bindjax from
+and 1, |O| = 100) with `bindjax.training.sweep.run_sweep` in worker processes that import bindjax from
 their own tree, over one CPU device per core as `bindjax sweep` sets up, with JAX's persistent
 compilation cache on in a fresh folder per side (as the commands turn it on):
 
@@ -37,13 +37,13 @@ WORKERS = (("A",), ("B", "C"))
 
 WORKER = r"""
 import json, os, sys
-from bindjax import compilation_cache, parallel
 from bindjax.commands import flags
+from bindjax.runtime import compilation_cache, parallel
 runs, out = json.loads(sys.argv[1]), sys.argv[2]
 config = flags.load_config(os.path.join("experiments", "coverage_sweep.py") + ":cpu")
 parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
 compilation_cache.enable()
-from bindjax import sweep
+from bindjax.training import sweep
 result = {}
 for name, run in runs:
   c = flags.load_config(os.path.join("experiments", "coverage_sweep.py") + ":cpu")

@@ -5,7 +5,7 @@
 
 For the preset's grid and each device count (hosts of --devices_per_host devices, one process
 each) and each number of devices per replica (`sweep.num_data`, dividing the batch), the plan
-`bindjax.packing` makes when the buckets run one after another over every device (today's
+`bindjax.training.packing` makes when the buckets run one after another over every device (today's
 sweep with packing "none") and the plan it packs (packing "auto"): lanes, parts, makespan in
 units of the preset's costliest replica, and the share of replica slots that train a replica
 (the rest is padding, or devices waiting for the longest lane). Nothing runs on a device: the
@@ -19,11 +19,11 @@ import json
 import os
 import sys
 
-from bindjax import files
-from bindjax import grid
-from bindjax import packing
-from bindjax import train
+from bindjax.base import files
 from bindjax.commands import flags
+from bindjax.training import grid
+from bindjax.training import packing
+from bindjax.training import train
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 PRESETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

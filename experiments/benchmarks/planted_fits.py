@@ -35,7 +35,7 @@ import repeats  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bindjax.complexity import data as data_lib  # pylint: disable=wrong-import-position
 from bindjax.complexity import families  # pylint: disable=wrong-import-position
 from bindjax.complexity import fitting  # pylint: disable=wrong-import-position
-from bindjax.probes import linear  # pylint: disable=wrong-import-position
+from bindjax.frozen.probes import linear  # pylint: disable=wrong-import-position
 
 RESULTS = os.path.join(HERE, "results")
 PASS_R2 = 0.9

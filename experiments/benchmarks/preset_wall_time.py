@@ -45,8 +45,9 @@ import time
 
 import repeats  # experiments/benchmarks/repeats.py, beside this script
 
-from bindjax import files, grid
+from bindjax.base import files
 from bindjax.commands import flags
+from bindjax.training import grid
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESETS = os.path.join(REPO, "experiments", "coverage_sweep.py")
@@ -54,7 +55,7 @@ RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
 POLL_SECONDS = 0.25
 TAIL_BYTES = 65536  # more than one row
 # `bindjax` as the tree on PYTHONPATH has it (the installed command would be this tree's).
-CLI = "import sys; from bindjax import cli; sys.exit(cli.main())"
+CLI = "import sys; from bindjax.commands import main as cli; sys.exit(cli.main())"
 
 
 def newest_step(path):

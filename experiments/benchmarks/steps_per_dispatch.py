@@ -5,9 +5,9 @@ dispatch, side by side.
   .venv/bin/python experiments/benchmarks/steps_per_dispatch.py --baseline=/tmp/bindjax_baseline
 
 The sweep loop of this tree runs every step up to the next one whose rows are written in one
-dispatch (`bindjax.sweep.dispatch_ends`); the loop it replaced dispatched each step. The one-step
+dispatch (`bindjax.training.sweep.dispatch_ends`); the loop it replaced dispatched each step. The one-step
 loop is gone from this tree, so the baseline is that code checked out at --baseline. Each side
-runs the same sweep with `bindjax.sweep.run_sweep` (the same call in both trees) in a worker
+runs the same sweep with `bindjax.training.sweep.run_sweep` (the same call in both trees) in a worker
 process that imports bindjax from its own tree, over one CPU device per core as `bindjax sweep`
 sets up: R = 16 replicas of one bucket (4 coverages x 4 seeds, |O| = 36) with the smoke preset's
 towers and batch (--model=tiny: experiments/train.py:tiny's), rows every 100 steps, evaluations
@@ -32,9 +32,9 @@ import tempfile
 import time
 
 
-from bindjax import files
-from bindjax import parallel
+from bindjax.base import files
 from bindjax.commands import flags
+from bindjax.runtime import parallel
 import repeats  # experiments/benchmarks/repeats.py, beside this script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,9 +65,10 @@ def config_for(model, steps, fast_compile):
 def serve(args):
   """Worker: answers each line (a fresh workdir) on stdin with one timed run as JSON."""
   parallel.use_cpu_cores_as_devices(-1)   # before JAX starts, as `bindjax sweep` does
-  from bindjax import sweep
+  from bindjax.training import sweep
   config = config_for(args.model, args.steps, args.fast_compile)
-  print(json.dumps({"bindjax": os.path.dirname(os.path.dirname(sweep.__file__))}), flush=True)
+  print(json.dumps({"bindjax": os.path.dirname(os.path.dirname(os.path.dirname(sweep.__file__)))}),
+        flush=True)
   for line in sys.stdin:
     compiled = []
 
@@ -118,8 +119,8 @@ class Worker:
 
 def compare(args):
   """Rounds of one run per side; returns the result dict and the Markdown table."""
-  from bindjax import grid
-  from bindjax import sweep
+  from bindjax.training import grid
+  from bindjax.training import sweep
   config = config_for(args.model, args.steps, args.fast_compile)
   _, (bucket,) = grid.expand_grid(config)
   replicas = len(bucket.replicas)

@@ -5,7 +5,7 @@
   .venv/bin/python experiments/benchmarks/sweep_throughput.py --mode=device --model=paper \
       --replicas=1,8,64 --peak_tflops=989        # accelerator: replica-steps/s and MFU
 
-compare: R replicas of a small config trained by ONE compiled bucket program (bindjax.sweep), one
+compare: R replicas of a small config trained by ONE compiled bucket program (bindjax.training.sweep), one
 step per dispatch (steps_per_dispatch.py measures the sweep loop's several), over one CPU device
 per core as `bindjax sweep` sets up (config.sweep.cpu_devices), in one process and
 (--processes=P) in P local processes pinned to their cores as launch/local.py starts them, vs R
@@ -14,13 +14,13 @@ one device, both single-threaded per device and (in a worker subprocess) with JA
 set-up. Each of --repeats rounds times them all back to back, so the drift of a shared machine
 hits a round's numbers alike; a round's speedup is its sweep rate over its faster sequential
 rate. Train steps only (compile excluded, reported apart). Medians over rounds, with the spread.
-Beside replica-steps/s: the model FLOP/s they are (bindjax.train.train_step_flops per replica-step)
+Beside replica-steps/s: the model FLOP/s they are (bindjax.training.train.train_step_flops per replica-step)
 and their share of the machine's float32 matmul rate measured in the same run, as the sweep's
 devices reach it (a 2048³ matmul on every device at once, before and after the rounds, the
 faster taken).
 
 device: for each R, replica-steps/s and model FLOP utilisation (FLOPs of the matmuls from
-bindjax.models.tower_flops, x3 for forward + backward) against --peak_tflops.
+bindjax.core.models.tower_flops, x3 for forward + backward) against --peak_tflops.
 
 Writes a Markdown table and JSON to experiments/benchmarks/results/.
 """
@@ -38,8 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bindjax import bucket_programs, engine, files, grid, parallel, train, xla_options
+from bindjax.base import files
 from bindjax.commands import flags
+from bindjax.runtime import engine, parallel, xla_options
+from bindjax.training import bucket_programs, grid, train
 import repeats  # experiments/benchmarks/repeats.py, beside this script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -301,7 +303,7 @@ def compare(args):
       "repeats": args.repeats, "spec": _describe(bucket.spec), "sweeps": sweep_stats,
       "sequential_replica_steps_per_s": {name: repeats.stats(r) for name, r in baselines.items()},
       "fastest_sequential_per_round": repeats.stats(fastest_per_round),
-      "xla_options": "XLA defaults" if args.xla_defaults else "bindjax.xla_options",
+      "xla_options": "XLA defaults" if args.xla_defaults else "bindjax.runtime.xla_options",
       "sweep_chunk": chunk, "compile_s": compile_s, "flops_per_replica_step": step_flops,
       "matmul_flops_per_s": matmul_flops,
       "note": "train steps only; the sweep runs one bucket over all CPU devices (as `bindjax "
@@ -384,7 +386,7 @@ def main(argv=None):
                       help="as config.sweep.chunk_size: auto, none, or n replicas at a time")
   parser.add_argument("--xla_defaults", action="store_true",
                       help="compile with XLA's own CPU defaults (YNNPACK fusions on) instead of "
-                           "bindjax.xla_options.CPU_OPTIONS, for comparison")
+                           "bindjax.runtime.xla_options.CPU_OPTIONS, for comparison")
   parser.add_argument("--processes", type=int, default=1,
                       help="compare: also run the sweep in this many local processes joined "
                            "by jax.distributed, each pinned to its share of the cores")

@@ -1,4 +1,4 @@
-"""Training-step throughput of bindjax.train.train_step (data generation included).
+"""Training-step throughput of bindjax.training.train.train_step (data generation included).
 
   python experiments/benchmarks/train_step.py                      # paper + small configs
   python experiments/benchmarks/train_step.py --configs=small --repeats=5 --steps=20
@@ -26,9 +26,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-from bindjax import models
-from bindjax import train
-from bindjax import xla_options
+from bindjax.core import models
+from bindjax.runtime import xla_options
+from bindjax.training import train
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -161,7 +161,7 @@ def main(argv=None):
   parser.add_argument("--tag", default="")
   parser.add_argument("--xla_defaults", action="store_true",
                       help="compile with XLA's own CPU defaults (YNNPACK fusions on) instead of "
-                           "bindjax.xla_options.CPU_OPTIONS, for comparison")
+                           "bindjax.runtime.xla_options.CPU_OPTIONS, for comparison")
   args = parser.parse_args(argv)
   if args.xla_defaults:
     xla_options.CPU_OPTIONS = {}

@@ -1,0 +1,1 @@
+"""Basics every layer uses: files and JSON, errors, config values, progress."""

@@ -1,0 +1,1 @@
+"""The task and the model: concept world, scenes, towers, objectives."""

@@ -1,0 +1,1 @@
+"""Frozen embedding sets: storage, extraction, original-code files, probes, geometry."""

@@ -1,0 +1,1 @@
+"""Reading finished sweeps: statistics, markdown tables, plots."""

@@ -1,0 +1,1 @@
+"""Running on devices: mesh and sharding, the vmapped replica engine, XLA."""

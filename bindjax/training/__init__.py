@@ -1,0 +1,1 @@
+"""Training sweeps: grid, bucket packing, bucket programs, step, sweep loop."""

@@ -1,0 +1,1 @@
+"""A sweep's workdir: lock, checks, result rows and schema, writer, checkpoints."""

@@ -1,0 +1,124 @@
+"""Whether and how a sweep may use its workdir (an `etils.epath` path): the path, the lock held
+for the run's life (`bindjax.workdir.lock`), what the directory already holds, what --overwrite
+removes, and the check of a finished run's results against its done record.
+
+A finished workdir is left alone; one whose results.jsonl no longer matches the done record is
+rebuilt from the buckets' final checkpoints. Nothing a user put there is removed: --overwrite
+deletes only what a previous run recorded as its outputs.
+"""
+import contextlib
+import hashlib
+
+from bindjax.base import errors
+from bindjax.base import files
+from bindjax.runtime import parallel
+from bindjax.workdir import checkpoint
+from bindjax.workdir import lock as workdir_lock
+from bindjax.workdir import results
+
+
+def check_path(workdir):
+  """errors.ConfigError when `workdir` (an epath.Path) is a file or lies under one."""
+  if workdir.exists() and not workdir.is_dir():
+    raise errors.ConfigError(f"workdir='{workdir}' is a file; expected a directory")
+  if not files.is_local(workdir):
+    return   # an object store's names do not nest under its files
+  parent = workdir
+  while not parent.exists():
+    parent = parent.parent
+  if not parent.is_dir():
+    raise errors.ConfigError(f"workdir='{workdir}' lies under {parent}, which is a file; "
+                             "expected a directory path")
+
+
+@contextlib.contextmanager
+def ownership(workdir, log):
+  """Holds the workdir's lock (taken by the writer process) for the block."""
+  lock, failure = None, None
+  if parallel.is_writer():
+    try:
+      lock = workdir_lock.acquire(workdir)
+    except OSError as e:
+      failure = e
+  if parallel.any_process(failure is not None):
+    raise failure or OSError(f"workdir {workdir}: process 0 could not take its lock")
+  try:
+    if lock is not None and lock.stale:
+      log(f"workdir {workdir}: took over the lock of a run that has ended "
+          f"({workdir_lock.describe(lock.stale)})")
+    yield
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _holds_run(workdir):
+  return (workdir / results.CONFIG_FILE).exists() or files.recorded_outputs(workdir) is not None
+
+
+def check_contents(workdir, config_json, overwrite):
+  """Usage errors (errors.ConfigError) for a workdir this run may not use: one holding files
+  that are not a bindjax run (with --overwrite: files named like its outputs), or without
+  --overwrite a run of a different config."""
+  entries = [p.name for p in (workdir.iterdir() if workdir.is_dir() else [])
+             if p.name != workdir_lock.LOCK_FILE]
+  if not entries or _holds_run(workdir):
+    if not overwrite:
+      results.check_saved_config(workdir, config_json)
+    return
+  if not overwrite:
+    raise errors.ConfigError(f"workdir='{workdir}' is not empty and holds no bindjax run; "
+                             "expected a new or empty directory or a run to resume, or pass "
+                             "--overwrite")
+  clashes = sorted(set(entries) & set(results.OUTPUTS + (results.REPORT_DIR, files.OUTPUTS_FILE)))
+  if clashes:
+    raise errors.ConfigError(f"workdir='{workdir}' holds {', '.join(clashes)}, which bindjax did "
+                             "not record as its outputs; move them away (--overwrite removes "
+                             "only what bindjax wrote)")
+
+
+def remove_outputs(workdir):
+  """What a previous run recorded as its outputs (a run older than the record: the names it
+  writes), and the report's recorded files; a user's files stay."""
+  legacy = results.OUTPUTS if (workdir / results.CONFIG_FILE).exists() else ()
+  files.remove_recorded_outputs(workdir, legacy)
+  report_dir = workdir / results.REPORT_DIR
+  if report_dir.is_dir():
+    files.remove_recorded_outputs(report_dir)
+    if not any(report_dir.iterdir()):
+      report_dir.rmdir()
+
+
+def finished(workdir, done, buckets, log):
+  """A finished workdir's done record, after checking results.jsonl against it; a damaged file
+  is rebuilt from the final checkpoints of `buckets` (the run's buckets, or the parts of them it
+  trained; ValueError when they cannot rebuild it)."""
+  path = workdir / results.RESULTS_FILE
+  expected = done.get("results_sha256")
+  if expected is None or not parallel.is_writer():
+    return done
+  content = path.read_bytes() if path.exists() else b""
+  if hashlib.sha256(content).hexdigest() == expected:
+    return done
+  coordinates = {}
+  rows = []
+  for bucket in buckets:
+    coordinates.update((r.index, r.coordinates()) for r in bucket.replicas)
+    directory = bucket.checkpoint_dir(workdir)
+    latest = None
+    if directory.is_dir():
+      with checkpoint.Checkpoints(directory) as ckpt:
+        latest = ckpt.verified_metadata(log)
+    if latest is None or "rows" not in latest[1]:
+      rows = None
+      break
+    rows += results.unpack_rows(latest[1]["rows"], coordinates)
+  rows = None if rows is None else results.sweep_order(rows)
+  if rows is None or results.rows_digest(rows) != expected:
+    raise ValueError(f"{path} does not match {results.DONE_FILE} (damaged or edited) and the "
+                     "checkpoints cannot rebuild it; restore it from a copy or pass --overwrite")
+  files.write_atomic(path, results.rows_text(rows))
+  results.write_summary(workdir, rows, [c for _, c in sorted(coordinates.items())])
+  log(f"{path} did not match {results.DONE_FILE} (damaged or edited); rebuilt it from the "
+      "checkpoints")
+  return done
