@@ -1,7 +1,8 @@
-"""The bindjax package's import graph: no cycles, and the library never imports the CLI.
+"""The bindjax package's import graph: one package per layer, each importing only from the
+layers below it, and no cycles.
 
 Both module-level and function-level imports count: an import inside a function only delays a
-cycle, it does not remove it.
+cycle or an upward dependency, it does not remove it.
 """
 import ast
 import collections
@@ -13,6 +14,9 @@ import scipy.sparse.csgraph
 import bindjax
 
 PACKAGE_DIR = os.path.dirname(bindjax.__file__)
+# The layers, lowest first (bindjax/__init__.py says what each holds).
+LAYERS = ("base", "core", "runtime", "workdir", "training", "reporting", "frozen", "complexity",
+          "commands")
 
 
 def _modules():
@@ -81,12 +85,40 @@ def test_no_import_cycles():
   assert not unexpected, f"import cycles in bindjax: {unexpected}"
 
 
-def test_library_does_not_import_the_command_line():
-  graph = import_graph()
-  offenders = sorted(m for m, imported in graph.items()
-                     if not m.startswith("bindjax.commands") and m != "bindjax.commands.main"
-                     and any(i.startswith("bindjax.commands") for i in imported))
-  assert not offenders, f"library modules importing bindjax.commands: {offenders}"
+def layer_of(module):
+  """Index in LAYERS of `module`'s package; None for the root package itself."""
+  parts = module.split(".")
+  return LAYERS.index(parts[1]) if len(parts) > 1 else None
+
+
+def upward_imports(graph):
+  """(module, imported) pairs where a module imports from a higher layer or the root package
+  imports anything."""
+  out = []
+  for module, imported in sorted(graph.items()):
+    layer = layer_of(module)
+    for name in sorted(imported):
+      target = layer_of(name)
+      if layer is None or target is None or target > layer:
+        out.append((module, name))
+  return out
+
+
+def test_layer_check_sees_upward_and_root_imports():
+  graph = {"bindjax": {"bindjax.base.files"}, "bindjax.core.world": {"bindjax.base.files"},
+           "bindjax.base.files": {"bindjax.workdir.lock"}, "bindjax.workdir.lock": set()}
+  assert upward_imports(graph) == [("bindjax", "bindjax.base.files"),
+                                   ("bindjax.base.files", "bindjax.workdir.lock")]
+
+
+def test_every_module_is_in_a_layer():
+  outside = sorted(m for m in import_graph() if m != "bindjax" and m.split(".")[1] not in LAYERS)
+  assert not outside, f"bindjax modules in no layer of {LAYERS}: {outside}"
+
+
+def test_each_layer_imports_only_from_layers_below():
+  upward = upward_imports(import_graph())
+  assert not upward, f"imports against the layer order {LAYERS}: {upward}"
 
 
 def test_importing_bindjax_changes_no_jax_setting():
