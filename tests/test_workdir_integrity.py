@@ -21,6 +21,7 @@ import jax
 import numpy as np
 import pytest
 
+from bindjax.base import errors
 from bindjax.base import files
 from bindjax.commands import flags
 from bindjax.commands import main as cli
@@ -389,6 +390,29 @@ def test_a_rerun_into_a_finished_workdir_changes_nothing(reference, tmp_path, ca
   code, out, _ = run_cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress"],
                       capsys, monkeypatch)
   assert code == 0 and out[-1].startswith("report: left as it is"), out
+  assert _snapshot(workdir) == before
+
+
+def _shift_seed_of_replica_3(replicas):
+  replicas[3]["seed"] += 10
+  return replicas, r"from replica 3 on: seed \d+ there, \d+ in the grid;"
+
+
+def _drop_the_last_replica(replicas):
+  return replicas[:-1], rf"from replica {len(replicas) - 1} on: the file ends before it, the grid has "
+
+
+@pytest.mark.parametrize("finished", [False, True], ids=["resume", "finished"])
+@pytest.mark.parametrize("edit", [_shift_seed_of_replica_3, _drop_the_last_replica])
+def test_a_run_whose_replicas_file_differs_from_the_grid_is_refused(reference, tmp_path, edit,
+                                                                     finished):
+  workdir = _copy(reference, tmp_path, finished=finished)
+  path = os.path.join(workdir, results.REPLICAS_FILE)
+  replicas, message = edit(files.read_json(path))
+  files.write_json(path, replicas)
+  before = _snapshot(workdir)
+  with pytest.raises(errors.ConfigError, match=message):
+    _resume(workdir)
   assert _snapshot(workdir) == before
 
 

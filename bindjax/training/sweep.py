@@ -106,7 +106,10 @@ def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progre
   config_json = results.config_json(config)
   done_path = workdir / results.DONE_FILE
   workdir_checks.check_contents(workdir, config_json, overwrite)
-  if overwrite and writer:
+  coordinates = [r.coordinates() for r in replicas]
+  if not overwrite:
+    workdir_checks.check_replicas(workdir, coordinates)
+  elif writer:
     workdir_checks.remove_outputs(workdir)
   # Every process has checked the workdir before process 0 writes into it.
   parallel.sync("bindjax_sweep_checked")
@@ -120,7 +123,6 @@ def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progre
     log(f"the run in {workdir} is finished ({done['num_replicas']} replicas, "
         f"{done['num_buckets']} buckets); nothing to do (pass --overwrite to run it again)")
     return done
-  coordinates = [r.coordinates() for r in replicas]
   if writer:
     files.record_outputs(workdir, results.OUTPUTS)
     # A resumed run already has them (the config was checked): nothing is rewritten.

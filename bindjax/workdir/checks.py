@@ -8,6 +8,8 @@ deletes only what a previous run recorded as its outputs.
 """
 import contextlib
 import hashlib
+import itertools
+import json
 
 from bindjax.base import errors
 from bindjax.base import files
@@ -75,6 +77,34 @@ def check_contents(workdir, config_json, overwrite):
     raise errors.ConfigError(f"workdir='{workdir}' holds {', '.join(clashes)}, which bindjax did "
                              "not record as its outputs; move them away (--overwrite removes "
                              "only what bindjax wrote)")
+
+
+def check_replicas(workdir, coordinates):
+  """errors.ConfigError when the workdir's replicas.json (of a run to resume or a finished one)
+  is not `coordinates`, the replicas this config's grid expands to: one line naming the first
+  replica that differs. A workdir without the file has nothing to compare."""
+  path = workdir / results.REPLICAS_FILE
+  if not path.exists():
+    return
+  saved = files.read_json(path)
+  expected = json.loads(files.dumps(coordinates))   # as the file holds them (tuples as lists)
+  for i, (there, here) in enumerate(itertools.zip_longest(saved, expected)):
+    if there != here:
+      raise errors.ConfigError(f"{path} does not match this config's grid from replica {i} on: "
+                               f"{_replica_difference(there, here)}; resume with the grid that "
+                               "wrote it, or pass --overwrite")
+
+
+def _replica_difference(there, here):
+  """What differs between one replica's entry in replicas.json and in the grid."""
+  if here is None:
+    return f"the file has {there}, past the grid's last replica"
+  if there is None:
+    return f"the file ends before it, the grid has {here}"
+  if not isinstance(there, dict):
+    return f"the file has {there!r}, the grid {here}"
+  keys = [k for k in dict.fromkeys([*there, *here]) if there.get(k) != here.get(k)]
+  return ", ".join(f"{k} {there.get(k)!r} there, {here.get(k)!r} in the grid" for k in keys)
 
 
 def remove_outputs(workdir):
