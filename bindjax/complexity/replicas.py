@@ -69,8 +69,6 @@ CSV_COLUMNS = (*REPLICA_COLUMNS, "status", results.STEP, "checkpoint", results.D
                *SWEEP_METRICS, "fit_learning_rate", "fit_seed", *FIT_COLUMNS, "fit_diverged")
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class BindingConfig(fitting.EngineConfig):
   """Settings of `bindjax binding` (docs/binding.md): the families fitted to every replica, one
