@@ -6,6 +6,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_144 --workdir=runs/cpu_144
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_c3 --workdir=runs/cpu_c3
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_196 --workdir=runs/cpu_196
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64 --workdir=runs/cpu_plain_64
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -20,6 +21,17 @@ Presets (the ARG after the colon):
   cpu_196    the same model at |O| = 196 (C = 2, V = 14), 15,000 steps, coverage 0.2, 0.3, 0.5,
              0.7, 0.9: a size outside the range the three sizes above were fitted on, its grid
              centred where their law puts ρ* (about 0.5) before it was run.
+  cpu_plain_64
+             plain towers (the cpu towers without the product read-out) at |O| = 64 (C = 2,
+             V = 8), coverage 0.3–0.9 (4 points) × 2 seeds × weight decay 0, 0.01 and 0.03, lr
+             3e-3, 8,000 steps: does weight decay turn the plain towers' memorisation of their
+             training objects into generalisation (docs/findings/scaling_law.md)?
+  gpu_plain_400
+             plain towers (no product read-out; the cpu towers with d_ff 1,024) at the study's
+             |O| = 400 (C = 2, V = 20), coverage 0.2–0.9 (8 points), 4 seeds, lr 3e-3 without
+             weight decay (the cheapest plain configuration that binds |O| = 64 and 100,
+             docs/findings/learning_time.md), evaluated 20 times: for one GPU;
+             `device_sweep.sh plain400` re-sizes its steps from the measured rate.
   gpu_quick  the published towers (d_model 256, 6 layers, bfloat16 matmuls) for one GPU:
              |O| = 400, coverage 0.2–0.8, 1 seed, training queries restricted to training
              objects, lr 1e-4. experiments/benchmarks/device_sweep.sh re-sizes its steps from the
@@ -63,6 +75,8 @@ CPU_COVERAGES = (0.3, 0.5, 0.7, 0.8, 0.9)
 # The law fitted on |O| = 100, 125 and 144 puts ρ*(196) near 0.5, where this grid's 0.8 would
 # say little and a point below 0.3 is needed to see the curve start.
 CPU_196_COVERAGES = (0.2, 0.3, 0.5, 0.7, 0.9)
+# gpu_plain_400's step count before device_sweep.sh re-sizes it from the measured rate.
+GPU_PLAIN_STEPS = 40000
 
 
 def get_config(arg="smoke"):
@@ -96,6 +110,31 @@ def get_config(arg="smoke"):
     c.eval.update(every=500, batches=4, batch_size=256)
     c.log_every = 100
     c.checkpoint.update(every=1000, keep=2)
+  elif arg == "cpu_plain_64":
+    c.grid.spaces = ((2, 8),)
+    c.grid.coverages = (0.3, 0.5, 0.7, 0.9)
+    c.grid.seeds = (0, 1)
+    c.grid.weight_decays = (0.0, 0.01, 0.03)
+    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
+                   product_readout="none")
+    c.sampler.update(batch_size=128, train_queries="train")
+    c.optimizer.learning_rate = 3e-3
+    c.num_steps = 8000
+    c.eval.update(every=500, batches=4, batch_size=256)
+    c.log_every = 100
+    c.checkpoint.update(every=1000, keep=2)
+  elif arg == "gpu_plain_400":
+    c.grid.spaces = ((2, 20),)
+    c.grid.coverages = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    c.grid.seeds = (0, 1, 2, 3)
+    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=1024, d_out=32,
+                   product_readout="none")
+    c.sampler.update(batch_size=128, train_queries="train")
+    c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
+    c.num_steps = GPU_PLAIN_STEPS
+    c.eval.update(every=GPU_PLAIN_STEPS // 20, batches=4, batch_size=256)
+    c.log_every = 100
+    c.checkpoint.update(every=GPU_PLAIN_STEPS, keep=1)
   elif arg == "gpu_quick":
     # The published towers on one GPU.
     c.grid.spaces = ((2, 20),)
@@ -116,5 +155,6 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=2000, keep=2)
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
-                     "cpu_144, cpu_c3, cpu_196, gpu_quick, paper or paper_20m")
+                     "cpu_144, cpu_c3, cpu_196, cpu_plain_64, gpu_plain_400, gpu_quick, paper or "
+                     "paper_20m")
   return c

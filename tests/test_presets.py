@@ -20,13 +20,16 @@ def load(name, arg):
 
 
 # Per sweep preset, as its docstring states it: the object-space sizes |O|, coverages and seeds
-# per size, training steps, and whether both towers have the product read-out.
+# per size, training steps, whether both towers have the product read-out, and the weight decays
+# per coverage and seed (one, the optimizer's, unless the grid names several).
 SWEEPS = {
     "smoke": ((16, 36), 3, 2, 40, False),
     "cpu": ((100,), 5, 4, 10000, True),
     "cpu_144": ((144,), 5, 4, 12000, True),
     "cpu_c3": ((125,), 5, 4, 10000, True),
     "cpu_196": ((196,), 5, 4, 15000, True),
+    "cpu_plain_64": ((64,), 4, 2, 8000, False, 3),
+    "gpu_plain_400": ((400,), 8, 4, 40000, False),
     "gpu_quick": ((400,), 7, 1, 15000, False),
     "paper": ((400, 2500, 125000), 9, 3, 50000, False),
     "paper_20m": ((400, 2500, 125000), 9, 3, 50000, False),
@@ -35,10 +38,12 @@ SWEEPS = {
 
 @pytest.mark.parametrize("preset", sorted(SWEEPS))
 def test_coverage_sweep_presets_are_the_documented_grids(preset):
-  sizes, num_coverages, num_seeds, steps, product_readout = SWEEPS[preset]
+  sizes, num_coverages, num_seeds, steps, product_readout, *decays = SWEEPS[preset]
+  num_decays = decays[0] if decays else 1
   replicas, buckets = grid.expand_grid(load("coverage_sweep", preset))
-  points = {(r.space_size, r.coverage, r.seed) for r in replicas}
-  assert len(points) == len(replicas) == len(sizes) * num_coverages * num_seeds
+  points = {(r.space_size, r.coverage, r.seed, r.weight_decay) for r in replicas}
+  assert len(points) == len(replicas) == (
+      len(sizes) * num_coverages * num_seeds * num_decays)
   assert [b.spec.space.num_objects for b in buckets] == list(sizes)   # one program per space
   for bucket in buckets:
     assert {r.space_size for r in bucket.replicas} == {bucket.spec.space.num_objects}

@@ -56,6 +56,7 @@ if [ "${DEVICE_SWEEP_CPU:-0}" = 1 ] || [ "$(backend)" != gpu ]; then
   MODEL=small; REPLICAS=1,2; STEPS=2; REPEATS=1; PRESET=smoke; MIN_STEPS=10; FITS=smoke
   LT_DEFAULT_SIZES=3; LT_DEFAULT_STEPS=20; LT_DEFAULT_EVERY=10; LT_DEFAULT_MODELS=cpu
   QUICK_SECONDS=${QUICK_SECONDS_CPU:-1}
+  PLAIN_SECONDS=${PLAIN_SECONDS_CPU:-1}; PLAIN_PROBE=1; PLAIN_ROUND=10; PEAK_FP32=1
   EXTRA=(--config.grid.spaces='(2,4),' --config.grid.coverages=0.5 --config.grid.seeds=0
          --config.eval.batches=1)
   export JAX_PLATFORMS=cpu
@@ -63,6 +64,7 @@ else
   MODEL=paper; REPLICAS=1,8,64; STEPS=10; REPEATS=3; PRESET=gpu_quick; MIN_STEPS=100; EXTRA=()
   FITS=paper; LT_DEFAULT_SIZES=8,15,20; LT_DEFAULT_STEPS=60000; LT_DEFAULT_EVERY=1000
   LT_DEFAULT_MODELS=cpu_ff2048
+  PLAIN_SECONDS=${PLAIN_SECONDS:-210}; PLAIN_PROBE=32; PLAIN_ROUND=1000; PEAK_FP32=67
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
@@ -76,15 +78,15 @@ timeout "${THROUGHPUT_SECONDS:-300}" "$PYTHON" experiments/benchmarks/sweep_thro
   --dtype=bfloat16 --out="$OUT/throughput"
 fi
 
-if wants quick; then
-# Steps for the quick sweep: QUICK_SECONDS of training at the measured rate of the bucket size
-# closest to the sweep's, rounded down to a multiple of MIN_STEPS (at least MIN_STEPS).
-STEPS_QUICK=$("$PYTHON" - "$OUT/throughput.json" "$PRESET" "$QUICK_SECONDS" "$MIN_STEPS" \
-  "${EXTRA[@]}" <<'EOF'
+# Steps for a sweep of preset $1 (overrides after $4): $2 seconds of training at the rate in
+# throughput JSON $3 of the bucket size closest to the sweep's, rounded down to a multiple of
+# MIN (at least MIN); the preset's own steps when there is no such file.
+size_steps() {
+"$PYTHON" - "$@" <<'EOF'
 import json, sys
 from bindjax.commands import flags
 from bindjax.training import grid
-path, preset, seconds, least = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+preset, seconds, path, least = sys.argv[1], float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 overrides = sys.argv[5:]
 fv = flags.new_flag_values(with_workdir=False)
 flags.parse(fv, ["steps", f"--config=experiments/coverage_sweep.py:{preset}", *overrides])
@@ -97,7 +99,11 @@ except (OSError, KeyError, ValueError):
   steps = fv["config"].value.num_steps
 print(max(least, int(steps) // least * least))
 EOF
-)
+}
+
+if wants quick; then
+STEPS_QUICK=$(size_steps "$PRESET" "$QUICK_SECONDS" "$OUT/throughput.json" "$MIN_STEPS" \
+  "${EXTRA[@]}")
 [ -n "$STEPS_QUICK" ] || { echo "could not size the quick sweep"; exit 1; }
 echo "quick sweep: $STEPS_QUICK steps"
 EVERY=$(( STEPS_QUICK / 10 > 0 ? STEPS_QUICK / 10 : 1 ))
@@ -114,6 +120,32 @@ timeout "${BINDING_SECONDS:-240}" "$PYTHON" -m bindjax.commands.main binding --w
   { echo "binding fits did not finish"; exit 1; }
 "$PYTHON" experiments/benchmarks/binding_fits.py --project="$OUT/quick_binding/results.json" \
   --out="$OUT/binding_projection"
+fi
+
+if [ "$STAGE" = plain400 ]; then
+# Plain towers at the study's |O| = 400 (experiments/coverage_sweep.py:gpu_plain_400): the
+# towers' rate at the sweep's bucket size, then the sweep sized to PLAIN_SECONDS of training
+# (at most PLAIN_MAX_STEPS steps), evaluated 20 times. The workdir stays on the machine
+# (checkpoints); its rows, config, replica list and report come back in plain400.tar.gz, also
+# when the timeout cuts the sweep.
+PLAIN_WORK=${PLAIN_WORKDIR:-/tmp/bindjax_plain400}
+timeout "${THROUGHPUT_SECONDS:-300}" "$PYTHON" experiments/benchmarks/sweep_throughput.py \
+  --mode=device --model=cpu_plain_ff1024 --replicas=$PLAIN_PROBE --steps=$STEPS \
+  --repeats=$REPEATS --peak_tflops="$PEAK_FP32" --out="$OUT/plain400_throughput"
+STEPS_PLAIN=$(size_steps gpu_plain_400 "$PLAIN_SECONDS" "$OUT/plain400_throughput.json" \
+  "$PLAIN_ROUND" "${EXTRA[@]}")
+[ -n "$STEPS_PLAIN" ] || { echo "could not size the plain sweep"; exit 1; }
+MAX_PLAIN=${PLAIN_MAX_STEPS:-150000}
+STEPS_PLAIN=$(( STEPS_PLAIN < MAX_PLAIN ? STEPS_PLAIN : MAX_PLAIN ))
+echo "plain sweep: $STEPS_PLAIN steps"
+EVERY=$(( STEPS_PLAIN / 20 > 0 ? STEPS_PLAIN / 20 : 1 ))
+timeout $(( PLAIN_SECONDS * 3 / 2 + 150 )) "$PYTHON" -m bindjax.commands.main sweep \
+  --config=experiments/coverage_sweep.py:gpu_plain_400 --workdir="$PLAIN_WORK" --overwrite \
+  --config.num_steps="$STEPS_PLAIN" --config.eval.every="$EVERY" --notensorboard \
+  --config.checkpoint.every="$STEPS_PLAIN" --config.log_every="$EVERY" "${EXTRA[@]}" ||
+  echo "plain sweep stopped (exit $?): its rows so far come back"
+( cd "$PLAIN_WORK" && tar -czf "$OUT/plain400.tar.gz" --ignore-failed-read config.json \
+    replicas.json results.jsonl summary.csv sweep_done.json report 2>/dev/null )
 fi
 
 if [ "$STAGE" = learning_time ]; then

@@ -48,8 +48,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PRESETS = os.path.join(REPO, "experiments", "coverage_sweep.py")
 
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
-# The cpu preset's towers (product read-out on), the same plain, and plain at d_ff 2,048.
+# The cpu preset's towers (product read-out on), the same plain, and plain at d_ff 1,024
+# (gpu_plain_400's towers) and 2,048.
 CPU_MODELS = {"cpu": {}, "cpu_plain": {"product_readout": "none"},
+              "cpu_plain_ff1024": {"product_readout": "none", "d_ff": 1024},
               "cpu_plain_ff2048": {"product_readout": "none", "d_ff": 2048}}
 
 
