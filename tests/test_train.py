@@ -161,9 +161,11 @@ def test_train_step_is_pure_and_vmaps_like_single_replicas():
   stacked = jax.tree.map(lambda *x: np.stack(x), *replica_inputs)
 
   def one_step(inputs):
-    # One step, taken after warm-up has begun (the update at step 0 has learning rate 0).
-    state = train.init(inputs.key, spec, inputs).replace(step=jnp.int32(3))
-    state, metrics = train.train_step(state, inputs, spec)
+    # Three steps: the optimiser's schedule counts its own updates, and the first has learning
+    # rate 0, so two of them move the weights.
+    state = train.init(inputs.key, spec, inputs)
+    for _ in range(3):
+      state, metrics = train.train_step(state, inputs, spec)
     return state.params, metrics
 
   vmapped = _compile(jax.vmap(one_step), stacked)(stacked)
@@ -179,6 +181,9 @@ def test_train_step_is_pure_and_vmaps_like_single_replicas():
         a, b = np.concatenate([a[:d], a[2 * d:]]), np.concatenate([b[:d], b[2 * d:]])
       np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6, err_msg=jax.tree_util.keystr(path))
     np.testing.assert_allclose(metrics["loss"], vmapped[1]["loss"][r], rtol=2e-5)
+  init = train.init(replica_inputs[0].key, spec, replica_inputs[0]).params
+  assert all(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(init),
+                                                        jax.tree.leaves(single(replica_inputs[0])[0])))
   again = single(replica_inputs[0])
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(again[0]),
                                                     jax.tree.leaves(single(replica_inputs[0])[0])))
