@@ -182,8 +182,9 @@ def test_train_step_is_pure_and_vmaps_like_single_replicas():
       np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6, err_msg=jax.tree_util.keystr(path))
     np.testing.assert_allclose(metrics["loss"], vmapped[1]["loss"][r], rtol=2e-5)
   init = train.init(replica_inputs[0].key, spec, replica_inputs[0]).params
-  assert all(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(init),
-                                                        jax.tree.leaves(single(replica_inputs[0])[0])))
+  trained = single(replica_inputs[0])[0]
+  assert all(not np.array_equal(a, b)
+             for a, b in zip(jax.tree.leaves(init), jax.tree.leaves(trained)))
   again = single(replica_inputs[0])
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(again[0]),
                                                     jax.tree.leaves(single(replica_inputs[0])[0])))
