@@ -40,11 +40,6 @@ def supports(model):
   return model.family in LAYOUT and model.width == model.out_dim and not model.learned_w
 
 
-def supports(model):
-  """Whether the solver can fit `model`: an additive or product family at E = D with W = I."""
-  return model.family in LAYOUT and model.width == model.out_dim and not model.learned_w
-
-
 def num_parameters(model):
   """Length of one coordinate's θ: [c, a (S·V), b (S·V)], V the largest value count."""
   return 1 + 2 * model.num_slots * max(model.values_per_concept)
