@@ -1,8 +1,9 @@
-"""The accelerator script's CPU fallback runs its four steps end to end."""
+"""The accelerator script's CPU fallback runs its stages end to end."""
 import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -52,3 +53,27 @@ def test_cpu_fallback_of_the_learning_time_stage_tabulates_its_rows(tmp_path):
   assert [(r["space_size"], r["model"], r["seeds"], r["final_step"]) for r in table] == [
       (9, "cpu", 2, 20)]
   assert not (tmp_path / "throughput.json").exists()   # a named stage runs alone
+
+
+@pytest.mark.slow
+def test_cpu_fallback_of_the_plain400_stage_sizes_the_sweep_and_brings_back_its_rows(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(DEVICE_SWEEP_CPU="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable,
+             BINDJAX_COMPILATION_CACHE="0", PLAIN_WORKDIR=str(tmp_path / "work"))
+  done = subprocess.run(["bash", SCRIPT, "plain400"], env=env, capture_output=True, text=True,
+                        timeout=900)
+  log = done.stdout + done.stderr
+  assert done.returncode == 0, log[-3000:]
+  rows = json.load(open(tmp_path / "out" / "plain400_throughput.json"))["rows"]
+  assert [r["replicas"] for r in rows] == [1] and rows[0]["replica_steps_per_s"] > 0
+  steps = int(log.split("plain sweep: ")[1].split()[0])
+  assert steps >= 10 and steps % 10 == 0
+  with tarfile.open(tmp_path / "out" / "plain400.tar.gz") as tar:
+    names = set(tar.getnames())
+    rows = [json.loads(line) for line in tar.extractfile("results.jsonl")]
+  assert {"config.json", "replicas.json", "results.jsonl", "report/critical_coverage.md"} <= names
+  assert max(r["step"] for r in rows if r["kind"] == "eval") == steps
+  # Only what comes back from a device lies in $OUT: no checkpoints.
+  assert sorted(os.listdir(tmp_path / "out")) == [
+      "device_sweep.log", "plain400.tar.gz", "plain400_throughput.json",
+      "plain400_throughput.md"]

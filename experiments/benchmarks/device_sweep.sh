@@ -21,6 +21,10 @@
 #       |O| = 64, 225 and 400, 4 seeds, 60,000 steps (the CPU law puts |O| = 400 near 43,000;
 #       docs/findings/learning_time.md; LT_SIZES, LT_MODELS, LT_SEEDS, LT_STEPS, LT_SECONDS
 #       override), for a second call when the device has time left after the first
+#   bash experiments/benchmarks/device_sweep.sh plain400   # only when named: plain towers at
+#       the study's |O| = 400 (experiments/coverage_sweep.py:gpu_plain_400), their rate at 32
+#       replicas measured first and the sweep sized to PLAIN_SECONDS (210) of training; rows and
+#       report come back in plain400.tar.gz (docs/findings/scaling_law.md)
 #   DEVICE_SWEEP_CPU=1 bash experiments/benchmarks/device_sweep.sh   # CPU fallback: tiny model
 # The quick stage sizes its steps from $OUT/throughput.json when there is one, else it keeps the
 # preset's step count.
