@@ -7,6 +7,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_c3 --workdir=runs/cpu_c3
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_196 --workdir=runs/cpu_196
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64 --workdir=runs/cpu_plain_64
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_36 --workdir=runs/cpu_plain_36
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -26,6 +27,10 @@ Presets (the ARG after the colon):
              V = 8), coverage 0.3–0.9 (4 points) × 2 seeds × weight decay 0, 0.01 and 0.03, lr
              3e-3, 8,000 steps: does weight decay turn the plain towers' memorisation of their
              training objects into generalisation (docs/findings/scaling_law.md)?
+  cpu_plain_36
+             60 replicas of plain towers at |O| = 36 (C = 2, V = 6): 12 coverages 0.25–0.9 × 5
+             seeds, lr 3e-3 without weight decay, 5,000 steps: the sweep whose every replica
+             `bindjax binding` fits (the study's third claim on plain towers that bind).
   gpu_plain_400
              plain towers (no product read-out; the cpu towers with d_ff 1,024) at the study's
              |O| = 400 (C = 2, V = 20), coverage 0.2–0.9 (8 points), 4 seeds, lr 3e-3 without
@@ -75,6 +80,8 @@ CPU_COVERAGES = (0.3, 0.5, 0.7, 0.8, 0.9)
 # The law fitted on |O| = 100, 125 and 144 puts ρ*(196) near 0.5, where this grid's 0.8 would
 # say little and a point below 0.3 is needed to see the curve start.
 CPU_196_COVERAGES = (0.2, 0.3, 0.5, 0.7, 0.9)
+# Twelve coverages of |O| = 36 with distinct training-object counts (9 to 32).
+PLAIN_36_COVERAGES = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9)
 # gpu_plain_400's step count before device_sweep.sh re-sizes it from the measured rate.
 GPU_PLAIN_STEPS = 40000
 
@@ -123,6 +130,18 @@ def get_config(arg="smoke"):
     c.eval.update(every=500, batches=4, batch_size=256)
     c.log_every = 100
     c.checkpoint.update(every=1000, keep=2)
+  elif arg == "cpu_plain_36":
+    c.grid.spaces = ((2, 6),)
+    c.grid.coverages = PLAIN_36_COVERAGES
+    c.grid.seeds = (0, 1, 2, 3, 4)
+    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
+                   product_readout="none")
+    c.sampler.update(batch_size=128, train_queries="train")
+    c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
+    c.num_steps = 5000
+    c.eval.update(every=500, batches=4, batch_size=256)
+    c.log_every = 100
+    c.checkpoint.update(every=1000, keep=2)
   elif arg == "gpu_plain_400":
     c.grid.spaces = ((2, 20),)
     c.grid.coverages = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -155,6 +174,6 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=2000, keep=2)
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
-                     "cpu_144, cpu_c3, cpu_196, cpu_plain_64, gpu_plain_400, gpu_quick, paper or "
-                     "paper_20m")
+                     "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, gpu_plain_400, gpu_quick, "
+                     "paper or paper_20m")
   return c
