@@ -25,7 +25,9 @@ from bindjax.complexity import data as data_lib
 from bindjax.complexity import description_length as description_length_lib
 from bindjax.complexity import families
 from bindjax.complexity import figure
+from bindjax.complexity import fit_programs
 from bindjax.complexity import fitting
+from bindjax.complexity import grid_fits
 from bindjax.complexity import results
 from bindjax.complexity import trees
 from bindjax.frozen import embeddings
@@ -198,23 +200,23 @@ def run(settings, workdir, embedding_set=None, log=print, progress=True):
   split = data_lib.recorded_split(embedding_set) if settings.split == "coverage" else None
   all_rows = np.ones(data.num_scenes, bool)
   probe_check = {
-      k: float(np.asarray(v)[0]) for k, v in fitting.evaluate_predictions(
+      k: float(np.asarray(v)[0]) for k, v in fit_programs.evaluate_predictions(
           data.targets_NxD, data, probes, jnp.asarray(np.stack([all_rows] * 3))).items()
       if k in ("concept_acc", "object_acc")}
   log(f"probes ({probe_source}) on the real {data.num_scenes} K-object scenes: concept acc "
       f"{probe_check['concept_acc']:.3f}, object acc {probe_check['object_acc']:.3f}")
   with errors.config_errors():
     fractions = settings.train_fractions if split is None else (split[1] / data.num_unique,)
-    entries = [dataclasses.replace(e, split=split) for e in fitting.grid_entries(
+    entries = [dataclasses.replace(e, split=split) for e in grid_fits.grid_entries(
         models, fractions, settings.seeds, settings.learning_rates)]
   fit_config = settings.fit
   start = time.perf_counter()
   bar, on_eval = progress_lib.loss_bar(len(entries) * fitting.eval_steps(fit_config)[-1],
                                        "model-step", progress)
   try:
-    rows, infos = fitting.fit_grid(entries, data, probes, fit_config,
-                                   chunk_size=settings.chunks, memory_bytes=settings.memory,
-                                   on_eval=on_eval)
+    rows, infos = grid_fits.fit_grid(entries, data, probes, fit_config,
+                                     chunk_size=settings.chunks, memory_bytes=settings.memory,
+                                     on_eval=on_eval)
   finally:
     bar.close()
   grid_s = time.perf_counter() - start

@@ -35,6 +35,7 @@ import repeats  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bindjax.complexity import data as data_lib  # pylint: disable=wrong-import-position
 from bindjax.complexity import families  # pylint: disable=wrong-import-position
 from bindjax.complexity import fitting  # pylint: disable=wrong-import-position
+from bindjax.complexity import grid_fits  # pylint: disable=wrong-import-position
 from bindjax.frozen.probes import linear  # pylint: disable=wrong-import-position
 
 RESULTS = os.path.join(HERE, "results")
@@ -67,8 +68,8 @@ def planted(family, values, out_dim, noise, draw):
 
 def fit_cell(model, data, probes, fraction, seeds, config):
   """Rows and the summed solve/train and compile seconds of one fit_grid call."""
-  entries = fitting.grid_entries([model], [fraction], seeds, [fitting.LEARNING_RATE])
-  rows, infos = fitting.fit_grid(entries, data, probes, config)
+  entries = grid_fits.grid_entries([model], [fraction], seeds, [fitting.LEARNING_RATE])
+  rows, infos = grid_fits.fit_grid(entries, data, probes, config)
   return rows, sum(i["run_s"] for i in infos), sum(i["compile_s"] for i in infos)
 
 

@@ -48,6 +48,7 @@ import numpy as np
 from bindjax.base import files
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
+from bindjax.complexity import fit_programs
 from bindjax.complexity import fitting
 from bindjax.frozen.probes import linear
 
@@ -150,7 +151,7 @@ def per_object_check(data, config, embed_dim, fraction, probe_steps=500):
   everything_3xN = np.ones((3, data.num_scenes), bool)
   probes, _ = linear.fit_probes(data.targets_NxD, data.labels, everything_3xN[0],
                                 linear.ProbeConfig(steps=probe_steps))
-  on_planted = fitting.evaluate_predictions(data.targets_NxD, data, probes, everything_3xN)
+  on_planted = fit_programs.evaluate_predictions(data.targets_NxD, data, probes, everything_3xN)
   report = {"probe_object_acc": float(on_planted["object_acc"][0])}
   points = data_lib.make_points(data.num_unique, [fraction], [0], [1e-2])
   train = data_lib.MASKS.index("train_only")
