@@ -307,6 +307,18 @@ def describe(workdirs, series, step):
   return "; ".join(parts + [f"{step} step"])
 
 
+def _scaling_laws(table, num_draws, predict_at):
+  """(rows of `table` with a ρ*, their scaling laws with intervals or None)."""
+  # A scaling law needs one ρ* per |O|: use series that differ only in size.
+  fitted = [r for r in table if r["rho_star"] is not None]
+  if len({r[results.SPACE_SIZE] for r in fitted}) != len(fitted):
+    return fitted, None
+  laws = statistics.fit_scaling_laws([r[results.SPACE_SIZE] for r in fitted],
+                                     [r["rho_star"] for r in fitted],
+                                     [r[results.NUM_CONCEPTS] for r in fitted])
+  return fitted, statistics.scaling_law_intervals(fitted, laws, num_draws, predict_at=predict_at)
+
+
 def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None,
                 formats=("png", "pdf"), metric="accuracy", predict_at=()):
   """Writes figures, ρ* table and scaling law for one sweep or several; returns the summary.
@@ -336,14 +348,7 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   series = aggregate(selected, (rho_metric,) + tuple(
       m for m in REPORT_METRICS if m != rho_metric))
   table = statistics.critical_coverages(series)
-  # A scaling law needs one ρ* per |O|: use series that differ only in size.
-  fitted = [r for r in table if r["rho_star"] is not None]
-  laws = None
-  if len({r[results.SPACE_SIZE] for r in fitted}) == len(fitted):
-    laws = statistics.fit_scaling_laws([r[results.SPACE_SIZE] for r in fitted],
-                                       [r["rho_star"] for r in fitted],
-                                       [r[results.NUM_CONCEPTS] for r in fitted])
-    laws = statistics.scaling_law_intervals(fitted, laws, num_draws, predict_at=predict_at)
+  fitted, laws = _scaling_laws(table, num_draws, predict_at)
   out_dir = files.as_path(out_dir or workdirs[0] / results.REPORT_DIR)
   out_dir.mkdir(parents=True, exist_ok=True)
   drawn = ("phase_transition", "scaling_law") if len(fitted) >= 2 else ("phase_transition",)
