@@ -5,8 +5,8 @@ r"""Benchmark: one linear-probe fit and one approximator fit against the machine
 
 The probe fit: all heads on a 9,216-scene, D=384 synthetic set (96 objects of 12 × 8 values,
 every ordered pair), 40 % training scenes. The approximator fits: sum+product and MLP[1024] at
-train fraction 0.5 on a 576-scene, D=512 synthetic set (24 objects), evaluated every 100 steps. Both are timed
-after compiling (their second call, or the fit's own compile/run split).
+train fraction 0.5 on a 576-scene, D=512 synthetic set (24 objects), evaluated every 100 steps. Both
+are timed after compiling (their second call, or the fit's own compile/run split).
 
 "FLOP time" is the FLOPs XLA's cost analysis counts for one training step on exactly the
 training scenes (plus, for the approximator, its evaluations on all scenes) divided by the

@@ -11,8 +11,8 @@ their own form at E = D with the identity read-out, drawn from the family's init
 Noise: `--noise` times the targets' RMS spread (0.05 on the Hadamard set is about 0.014).
 Each (family, D, training fraction) is fitted on `--seeds` random object splits by the new
 default (the coordinate solver) and by the previous default (Adam, 4,000 steps, 3 restarts,
-weight decay), in one `fit_grid` call each (`--solvers` picks them). Per cell: seeds whose test-only R²
-reaches 0.9, seeds the fit reports identified, median test-only and train-only R², and the
+weight decay), in one `fit_grid` call each (`--solvers` picks them). Per cell: seeds whose test-only
+R² reaches 0.9, seeds the fit reports identified, median test-only and train-only R², and the
 fit's wall time (compiling excluded) against the additive family's default fit on the same
 set. Writes experiments/benchmarks/results/planted_fits{,_NAME}.{json,md}.
 """

@@ -1,6 +1,7 @@
 """How often does one complexity fit recover planted structure? Restarts per lever and family.
 
-  python experiments/studies/complexity_stability.py --levers=single,restarts32,restarts64,restarts32_holdout \
+  python experiments/studies/complexity_stability.py \
+      --levers=single,restarts32,restarts64,restarts32_holdout \
       --families=product,sum_product,per_object_product,per_object_sum_product
   python experiments/studies/complexity_stability.py --levers=restarts128 --draws=100 \
       --families=product,sum_product,per_object_sum_product        # and --draws=101
@@ -33,8 +34,8 @@ D = 64, noise 0.05 and code widths 4, 16 and 64, fitted by per_object_sum_produc
 width (E = D) on 5 seeds' object splits (train fraction 0.5), 2,000 steps, with the original's fit
 and the default fit.
 
-Writes experiments/studies/results/complexity_stability/<levers or check>.json and prints a table. Findings:
-docs/findings/complexity_stability.md.
+Writes experiments/studies/results/complexity_stability/<levers or check>.json and prints a table.
+Findings: docs/findings/complexity_stability.md.
 """
 import argparse
 import dataclasses
