@@ -64,7 +64,7 @@ every device; docs/training.md, "Lanes").
 """
 import ml_collections
 
-from bindjax.training import train
+from bindjax.training import run_spec
 
 COVERAGES_0_1_TO_0_9 = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # gpu_quick's step count, from the measured step rate on one GPU
@@ -88,7 +88,7 @@ GPU_PLAIN_STEPS = 40000
 
 def get_config(arg="smoke"):
   """Sweep config for preset `arg`: one of the presets the module docstring lists."""
-  c = train.default_config()
+  c = run_spec.default_config()
   c.sweep.cpu_devices = -1   # replicas side by side, one per core
   c.grid = ml_collections.ConfigDict(dict(
       spaces=((2, 20),), coverages=COVERAGES_0_1_TO_0_9, seeds=(0, 1, 2),

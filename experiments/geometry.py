@@ -9,8 +9,8 @@
       --config=experiments/geometry.py:smoke --quadruple=red,blue,cube,sphere
 
 Presets (the ARG after the colon):
-  paper   the settings of docs/geometry.md (bindjax.frozen.geometry.config.default_config(), which the
-          commands also use without --config).
+  paper   the settings of docs/geometry.md (bindjax.frozen.geometry.config.default_config(),
+          which the commands also use without --config).
   cpu     the same with 3,000 steps for the additive fits and the probes.
   smoke   the same with 200 steps: checks the machinery.
 

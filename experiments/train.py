@@ -10,20 +10,22 @@ Presets (the ARG after the colon):
   tiny    the learning check of tests/test_train.py: C=2, V=4, K=2, coverage 1, a 1-layer
           d_model-32 model, 300 steps at lr 1e-2 with warm-up fraction 0.3, cheap compiles.
   cpu     C=2, V=4, K=2, coverage 1, a 2-layer d_model-64 model, batch 64, lr 3e-3, 2,000 steps.
-  paper   the published run (bindjax.training.train.default_config(); docs/training.md, "Published run").
+  paper   the published run (bindjax.training.run_spec.default_config(); docs/training.md,
+          "Published run").
 
 What the tiny and cpu models learn, and why the tiny one does not bind:
 docs/findings/tiny_model_binding.md.
 
 Override any field on the command line, e.g. --config.coverage=0.5 --config.seed=3
---config.num_steps=2000 --config.model.num_layers=2. `bindjax.training.train.default_config()` lists them.
+--config.num_steps=2000 --config.model.num_layers=2. `bindjax.training.run_spec.default_config()`
+lists them.
 """
-from bindjax.training import train
+from bindjax.training import run_spec
 
 
 def get_config(arg="smoke"):
   """Config of preset `arg` (smoke | tiny | cpu | paper)."""
-  c = train.default_config()
+  c = run_spec.default_config()
   if arg == "smoke":
     c.space.update(num_concepts=2, num_values=4, max_objects=2)
     c.coverage = 0.75

@@ -48,7 +48,8 @@ def memory_fs(monkeypatch, tmp_path):
   test runs in an empty working directory, which must stay empty: a gs:// path handed to os.*
   or open() would land there as a local gs: folder.
   """
-  monkeypatch.setitem(epath_gpath._PREFIX_TO_BACKEND, "gs", _MemoryBackend())  # pylint: disable=protected-access
+  backends = epath_gpath._PREFIX_TO_BACKEND  # pylint: disable=protected-access
+  monkeypatch.setitem(backends, "gs", _MemoryBackend())
   cwd = tmp_path / "cwd"
   cwd.mkdir()
   monkeypatch.chdir(cwd)

@@ -19,6 +19,7 @@ from bindjax.commands import main as cli
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.complexity import fitting
+from bindjax.complexity import grid_fits
 from bindjax.complexity import replicas
 from bindjax.frozen import embeddings
 from bindjax.frozen.probes import linear
@@ -156,15 +157,15 @@ def test_fits_with_own_targets_and_splits_equal_separate_fits():
     return data_lib.prepare(t, objects, np.full(81, 2), (3, 3), ids, 9)[0]
 
   own = data_lib.own_targets(targets, jax.tree_util.tree_map(lambda *x: np.stack(x), *probes))
-  entries = [fitting.GridEntry(model, n / 9, 0, 1e-2, split=(p, n), own_index=i)
+  entries = [grid_fits.GridEntry(model, n / 9, 0, 1e-2, split=(p, n), own_index=i)
              for i, (p, n) in enumerate(splits)]
-  together, infos = fitting.fit_grid(entries, data_of(targets[0]), None, config,
-                                     fitting.auto_mesh(2, jax.devices()[:1]), None,
-                                     own=own, pad_ratio=np.inf)
+  together, infos = grid_fits.fit_grid(entries, data_of(targets[0]), None, config,
+                                       fitting.auto_mesh(2, jax.devices()[:1]), None,
+                                       own=own, pad_ratio=np.inf)
   assert [i["num_models"] for i in infos] == [3]
   for i, entry in enumerate(entries):
-    (alone,), _ = fitting.fit_grid([dataclasses.replace(entry, own_index=None)],
-                                   data_of(targets[i]), probes[i], config)
+    (alone,), _ = grid_fits.fit_grid([dataclasses.replace(entry, own_index=None)],
+                                     data_of(targets[i]), probes[i], config)
     assert alone["num_train_objects"] == splits[i][1]
     for key in ("final_train_loss", "best_test_r2", *[k for k in alone if k.startswith(
         "final_")]):

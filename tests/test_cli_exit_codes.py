@@ -57,7 +57,7 @@ def _sweep_workdir(tmp_path):
 
 def _interrupted_probe(monkeypatch):
   """Makes `bindjax probe` stop as Ctrl-C stops it, at step 40 of 100."""
-  from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.probes import probe_analysis  # pylint: disable=g-import-not-at-top
 
   def interrupted(*args, **kwargs):
     del args, kwargs
@@ -65,7 +65,7 @@ def _interrupted_probe(monkeypatch):
     advance(40, [1.0])
     bar.close()
     raise KeyboardInterrupt
-  monkeypatch.setattr(linear, "run", interrupted)
+  monkeypatch.setattr(probe_analysis, "run", interrupted)
 
 
 # Exit status -> cheap cases: (argv given tmp_path, what the one stderr line says after the

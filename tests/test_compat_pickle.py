@@ -1,4 +1,5 @@
-"""bindjax.frozen.compat.safe_pickle: only torch/numpy data globals load; anything else is refused."""
+"""bindjax.frozen.compat.safe_pickle: only torch/numpy data globals load; anything else is
+refused."""
 import collections
 import io
 import os

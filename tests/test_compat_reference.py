@@ -1,4 +1,5 @@
-"""bindjax.frozen.compat.reference and `bindjax import`: folders of the original code, without torch."""
+"""bindjax.frozen.compat.reference and `bindjax import`: folders of the original code, without
+torch."""
 import glob
 import json
 import os

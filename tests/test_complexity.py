@@ -14,7 +14,9 @@ import pytest
 from bindjax.commands import complexity as complexity_command
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
+from bindjax.complexity import fit_programs
 from bindjax.complexity import fitting
+from bindjax.complexity import grid_fits
 from bindjax.complexity import results
 from bindjax.complexity import trees
 from bindjax.frozen.probes import linear
@@ -140,7 +142,7 @@ def test_per_object_products_bind_in_sample_but_do_not_generalise():
   probes, _ = linear.fit_probes(targets, data.labels, np.ones(len(ids), bool),
                                 linear.ProbeConfig(steps=500))
   everything = np.ones((3, len(ids)), bool)
-  on_true = fitting.evaluate_predictions(data.targets_NxD, data, probes, everything)
+  on_true = fit_programs.evaluate_predictions(data.targets_NxD, data, probes, everything)
   assert float(on_true["object_acc"][0]) >= 0.95
   config = fitting.FitConfig(steps=400, eval_every=200, **fitting.ORIGINAL)
   points = data_lib.make_points(36, [0.5], [0], [1e-2])
@@ -290,10 +292,10 @@ def test_gathered_training_rows_give_the_masked_loss_and_gradient():
 
 
 def test_batches_group_similar_training_counts():
-  assert fitting.batches_by_count([441, 4, 361, 144, 144, 0, 16]) == [[0, 2], [3, 4], [6], [1],
-                                                                       [5]]
-  for group in fitting.batches_by_count(list(range(1, 200, 7))):
-    assert max(group) * 7 + 1 <= fitting.PAD_RATIO * (min(group) * 7 + 1)
+  assert grid_fits.batches_by_count([441, 4, 361, 144, 144, 0, 16]) == [[0, 2], [3, 4], [6], [1],
+                                                                        [5]]
+  for group in grid_fits.batches_by_count(list(range(1, 200, 7))):
+    assert max(group) * 7 + 1 <= grid_fits.PAD_RATIO * (min(group) * 7 + 1)
 
 
 def test_evaluation_cadence():

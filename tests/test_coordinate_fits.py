@@ -9,6 +9,7 @@ from bindjax.complexity import coordinate
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.complexity import fitting
+from bindjax.complexity import grid_fits
 from bindjax.frozen.probes import linear
 
 # Planted draws and split seeds of these tests: used by no default, study or other test.
@@ -39,10 +40,10 @@ def make_data(values, objects, ids, targets):
 
 
 def fit(model, data, probes, fraction=0.7, seeds=SEEDS, splits=None, config=CONFIG):
-  entries = [fitting.GridEntry(model, fraction, s, fitting.LEARNING_RATE,
-                               None if splits is None else splits[i])
+  entries = [grid_fits.GridEntry(model, fraction, s, fitting.LEARNING_RATE,
+                                 None if splits is None else splits[i])
              for i, s in enumerate(seeds)]
-  rows, infos = fitting.fit_grid(entries, data, probes, config)
+  rows, infos = grid_fits.fit_grid(entries, data, probes, config)
   return rows, infos
 
 
@@ -136,15 +137,15 @@ def test_batched_fits_with_own_targets_equal_separate_fits():
             for k in range(3)]
   own = data_lib.own_targets(np.stack([t for _, _, t in sets]),
                              jax.tree_util.tree_map(lambda *x: np.stack(x), *probes))
-  entries = [fitting.GridEntry(model, n / 16, 0, 1e-2, split=(p, n), own_index=i)
+  entries = [grid_fits.GridEntry(model, n / 16, 0, 1e-2, split=(p, n), own_index=i)
              for i, (p, n) in enumerate(splits)]
-  together, infos = fitting.fit_grid(entries, datas[0], None, CONFIG,
-                                     fitting.auto_mesh(2, jax.devices()[:1]), None, own=own,
-                                     pad_ratio=np.inf)
+  together, infos = grid_fits.fit_grid(entries, datas[0], None, CONFIG,
+                                       fitting.auto_mesh(2, jax.devices()[:1]), None, own=own,
+                                       pad_ratio=np.inf)
   assert [i["num_models"] for i in infos] == [3] and infos[0]["solver"] == "coordinate"
   for i, entry in enumerate(entries):
-    (alone,), _ = fitting.fit_grid([fitting.GridEntry(model, entry.train_fraction, 0, 1e-2,
-                                                      split=entry.split)],
+    (alone,), _ = grid_fits.fit_grid([grid_fits.GridEntry(model, entry.train_fraction, 0, 1e-2,
+                                                          split=entry.split)],
                                    datas[i], probes[i], CONFIG)
     for key in ("final_train_loss", "identified_share", "final_test_only_r2",
                 "final_train_only_r2"):

@@ -17,6 +17,7 @@ from bindjax.complexity import description_length as dl
 from bindjax.complexity import families
 from bindjax.complexity import fitting
 from bindjax.frozen.probes import linear
+from bindjax.frozen.probes import probe_analysis
 from test_complexity import DATA, REPO, make_data
 
 # All 625 ordered 2-object scenes of 5 × 5 values, D = 8, planted and fitted with E = 2. Every
@@ -127,8 +128,8 @@ def test_complexity_command_writes_the_description_length(tmp_path, capsys, monk
   workdir = str(tmp_path / "grid")
   # Random probes from a file: the test needs no probe fit (the code does not use probes).
   weights = linear.init_weights(jax.random.PRNGKey(0), (8, 3), 24, 384, linear.ProbeConfig())
-  probes_file, _ = linear.write_probes(linear.weights_to_probes(weights, (8, 3)), {},
-                                       str(tmp_path))
+  probes_file, _ = probe_analysis.write_probes(linear.weights_to_probes(weights, (8, 3)), {},
+                                               str(tmp_path))
   argv = ["bindjax complexity", f"--config={REPO}/experiments/complexity.py:smoke",
           f"--config.embeddings={DATA}", f"--workdir={workdir}", "--config.models=additive",
           "--config.train_fractions=(0.5,)", "--config.steps=50", "--config.eval_every=50",

@@ -1,5 +1,5 @@
-"""TensorBoard event files of a sweep (bindjax.workdir.event_files): one run per replica, named by its
-grid coordinates, holding every curve of its rows; written as TFRecords with valid CRCs."""
+"""TensorBoard event files of a sweep (bindjax.workdir.event_files): one run per replica, named by
+its grid coordinates, holding every curve of its rows; written as TFRecords with valid CRCs."""
 import collections
 import glob
 import os

@@ -15,6 +15,8 @@ import pytest
 
 from bindjax.commands import extract as extract_command
 from bindjax.commands import main as cli
+from bindjax.core import coverage_splits
+from bindjax.core import model_config
 from bindjax.core import models
 from bindjax.core import world
 from bindjax.frozen import embeddings
@@ -33,10 +35,10 @@ TINY = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, d_out=8)
 
 
 def trained(similarity="cosine", space=SPACE, seed=0):
-  config = models.ModelConfig.for_space(space, similarity=similarity, **TINY)
+  config = model_config.ModelConfig.for_space(space, similarity=similarity, **TINY)
   params = jax.jit(models.init_params, static_argnums=1)(jax.random.PRNGKey(seed), config)
   return extract.TrainedModel(params=params, model=config, space=space,
-                              split=world.coverage_split(space, 0.5, 0), step=7,
+                              split=coverage_splits.coverage_split(space, 0.5, 0), step=7,
                               source={"source": "test"})
 
 
@@ -127,7 +129,7 @@ def test_reference_checkpoint_round_trip(cosine_model, tmp_path):
                                              global_step=11)
   with pytest.raises(ValueError, match="values_per_concept"):
     extract.load_reference(path)   # 5 concept tokens do not split equally over 2 concepts
-  split_path = str(tmp_path / world.split_filename(0, 0.5))
+  split_path = str(tmp_path / coverage_splits.split_filename(0, 0.5))
   cosine_model.split.save(split_path, SPACE)
   loaded = extract.load_reference(path, values_per_concept=(3, 2), split_path=split_path)
   assert loaded.step == 11 and loaded.space == SPACE
@@ -151,14 +153,14 @@ def listing(path):
 
 def test_unusable_workdirs_get_clear_errors_and_nothing_is_written(tmp_path):
   from bindjax.training import grid  # pylint: disable=g-import-not-at-top
-  from bindjax.training import train  # pylint: disable=g-import-not-at-top
+  from bindjax.training import run_spec  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="does not exist"):
     extract.load_workdir(tmp_path / "missing")
   empty = tmp_path / "empty"
   empty.mkdir()
   with pytest.raises(ValueError, match="no config.json"):
     extract.load_workdir(empty)
-  config = train.default_config()
+  config = run_spec.default_config()
   config.space.num_values = 3
   good = json.loads(grid.single_run_config(config).to_json_best_effort())
   bad = dict(good, model=dict(good["model"], num_heads=3))   # 256 is not divisible by 3
@@ -206,7 +208,7 @@ def test_train_extract_complexity_end_to_end(tmp_path, monkeypatch):
   assert es.num_scenes == 16 * 16 and sorted(es.probes) == ["concept_0", "concept_1", "object"]
   assert es.provenance["checkpoint"] == "best"
   held = embeddings.read_embeddings(run / "embeddings_held-out")
-  assert held.num_scenes == (16 - world.num_train_objects(16, 0.75)) ** 2 == 16
+  assert held.num_scenes == (16 - coverage_splits.num_train_objects(16, 0.75)) ** 2 == 16
   # Refuses to write into the non-empty output directory: a usage error.
   with pytest.raises(SystemExit) as e:
     run_cli(monkeypatch, ["extract", f"--workdir={run}", "--objects=all"])

@@ -1,4 +1,5 @@
-"""Tests of bindjax.base.files: atomic writes leave only the final file; JSONL reads skip a torn line."""
+"""Tests of bindjax.base.files: atomic writes leave only the final file; JSONL reads skip a torn
+line."""
 import json
 import os
 

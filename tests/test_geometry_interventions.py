@@ -14,6 +14,7 @@ from bindjax.frozen.geometry import common
 from bindjax.frozen.geometry import interventions
 from bindjax.frozen.geometry import planted
 from bindjax.frozen.probes import linear
+from bindjax.frozen.probes import probe_analysis
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 PROBE = linear.ProbeConfig(steps=300)
@@ -230,7 +231,7 @@ def test_probes_file_replaces_fitting(clevr_text, tmp_path):
   probes = {f"concept_{c}": rng.normal(size=(v, es.embeddings.shape[1])).astype(np.float32)
             for c, v in enumerate(es.values_per_concept)}
   probes["object"] = rng.normal(size=(24, es.embeddings.shape[1])).astype(np.float32)
-  path, _ = linear.write_probes(probes, {}, str(tmp_path))
+  path, _ = probe_analysis.write_probes(probes, {}, str(tmp_path))
   summary, _ = interventions.run_interventions(es, config(banks=("pos-avg",), probes_file=path))
   assert summary["probes"] == path
   assert summary["results"]["pos-avg"]["by_strength"]["1"]["all"]["probe"] < 0.5  # random

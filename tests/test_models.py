@@ -9,13 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bindjax.core import layers
+from bindjax.core import model_config
 from bindjax.core import models
 from bindjax.core import world
 
 # Tiny world: C=2, V=4 -> concept tokens 0..7, SOO 8, EOO 9, EOS 10, PAD 11; K=2.
 SOO, EOO, EOS, PAD = 8, 9, 10, 11
-TINY = models.ModelConfig(vocab_size=12, pad_token=PAD, scene_length=9, query_length=5,
-                          d_model=64, num_heads=4, num_layers=2, d_ff=128, d_out=8)
+TINY = model_config.ModelConfig(vocab_size=12, pad_token=PAD, scene_length=9, query_length=5,
+                                d_model=64, num_heads=4, num_layers=2, d_ff=128, d_out=8)
 D = TINY.d_model
 SCENES = np.array([[SOO, 0, 4, EOO, EOS, PAD, PAD, PAD, PAD],
                    [SOO, 1, 5, EOO, SOO, 2, 7, EOO, EOS],
@@ -45,7 +47,7 @@ def _logits(config, params, z, q, cap):
 
 
 def test_parameter_count_published_config():
-  config = models.ModelConfig(vocab_size=44, pad_token=43, scene_length=9, query_length=5)
+  config = model_config.ModelConfig(vocab_size=44, pad_token=43, scene_length=9, query_length=5)
   shapes = jax.eval_shape(lambda k: models.init_params(k, config), jax.random.key(0))
   assert models.count_parameters(shapes["scene_tower"]) == 7_918_144
   assert models.count_parameters(shapes["query_tower"]) == 7_918_144
@@ -57,11 +59,12 @@ def test_parameter_count_published_config():
 
 def test_for_space_reads_the_space():
   space = types.SimpleNamespace(vocab_size=44, pad_token=43, scene_length=9, query_length=5)
-  config = models.ModelConfig.for_space(space, d_model=32, similarity="dot")
+  config = model_config.ModelConfig.for_space(space, d_model=32, similarity="dot")
   assert (config.vocab_size, config.pad_token, config.scene_length, config.query_length) == (
       44, 43, 9, 5)
   assert config.d_model == 32 and config.similarity == "dot"
-  assert hash(config) == hash(models.ModelConfig.for_space(space, d_model=32, similarity="dot"))
+  assert hash(config) == hash(model_config.ModelConfig.for_space(space, d_model=32,
+                                                                 similarity="dot"))
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -84,8 +87,8 @@ def test_invalid_configs_raise_before_compiling(overrides, message):
 
 
 def test_odd_width_is_fine_for_clip():
-  models.ModelConfig(**{**dataclasses.asdict(TINY), "d_model": 15, "num_heads": 3,
-                        "variant": "clip"})
+  model_config.ModelConfig(**{**dataclasses.asdict(TINY), "d_model": 15, "num_heads": 3,
+                              "variant": "clip"})
 
 
 def _check_uniform(x, limit):
@@ -173,7 +176,7 @@ def test_output_ignores_padding(config):
 @pytest.mark.parametrize("variant, causal", [("clip", True), ("pre_ln", False)])
 def test_causal_mask_only_in_clip_and_readout_row(variant, causal):
   config = dataclasses.replace(TINY, variant=variant)
-  block = models.Block(config)
+  block = layers.Block(config)
   x = jax.random.normal(jax.random.key(5), (3, 9, D))
   valid = jnp.ones((3, 9), bool)
   params = jax.jit(block.init)(jax.random.key(6), x, valid)
@@ -250,9 +253,9 @@ def test_jit_vmap_over_replicas_and_gradients():
   assert not np.allclose(kernel_R[0], kernel_R[1])
 
 
-PRODUCT = models.ModelConfig.for_space(world.ObjectSpace.uniform(2, 4, 2), d_model=16,
-                                       num_heads=2, num_layers=3, d_ff=32, d_out=8,
-                                       product_readout="both")
+PRODUCT = model_config.ModelConfig.for_space(world.ObjectSpace.uniform(2, 4, 2), d_model=16,
+                                             num_heads=2, num_layers=3, d_ff=32, d_out=8,
+                                             product_readout="both")
 
 
 @pytest.mark.parametrize("config", [
@@ -344,8 +347,8 @@ def test_tower_flops_counts_the_product_readout():
   within the compiled cost's band for a tower with a wide read-out, and exceeds the plain one."""
   space = world.ObjectSpace.uniform(2, 3, 2)
   base = dict(d_model=64, num_heads=2, num_layers=1, d_ff=64, d_out=8)
-  config = models.ModelConfig.for_space(space, product_readout="both", **base)
-  plain = models.ModelConfig.for_space(space, **base)
+  config = model_config.ModelConfig.for_space(space, product_readout="both", **base)
+  plain = model_config.ModelConfig.for_space(space, **base)
   params = models.init_params(jax.random.key(0), config)
   tokens = jnp.asarray(np.repeat(SCENES, 20, axis=0))
   flops = _encode.lower(config, params, tokens, "encode_scenes").compile().cost_analysis()["flops"]
@@ -359,9 +362,9 @@ def test_product_readout_parameters_and_forward_by_hand():
   (one layer); present objects only; concept queries get nothing."""
   space = world.ObjectSpace.uniform(2, 3, 2)
   base = dict(d_model=4, num_heads=1, num_layers=1, d_ff=8, d_out=3)
-  plain = models.ModelConfig.for_space(space, **base)
-  product = models.ModelConfig.for_space(space, product_readout="query", **base)
-  both = models.ModelConfig.for_space(space, product_readout="both", **base)
+  plain = model_config.ModelConfig.for_space(space, **base)
+  product = model_config.ModelConfig.for_space(space, product_readout="query", **base)
+  both = model_config.ModelConfig.for_space(space, product_readout="both", **base)
   n_plain = models.count_parameters(models.init_params(jax.random.key(0), plain))
   extra = 2 * 4 + 2 * 4 * 4   # LayerNorm scale and bias, one 4x4 code matrix per concept
   assert models.count_parameters(models.init_params(jax.random.key(0), product)) == n_plain + extra
@@ -386,7 +389,7 @@ def test_product_readout_parameters_and_forward_by_hand():
       term = np.ones(4, np.float32)
       for c in range(2):
         x = h[b, 4 * k + 1 + c]
-        x = (x - x.mean()) / np.sqrt(x.var() + models.LAYER_NORM_EPS)
+        x = (x - x.mean()) / np.sqrt(x.var() + layers.LAYER_NORM_EPS)
         x = x * np.asarray(norm["scale"]) + np.asarray(norm["bias"])
         term = term * (x @ codes[c])
       expected[b] += term
@@ -401,4 +404,4 @@ def test_product_readout_parameters_and_forward_by_hand():
       {"params": {k: v for k, v in params["query_tower"].items() if k != "product"}}, query)
   np.testing.assert_allclose(np.asarray(q_tower), np.asarray(q_plain), atol=1e-6)
   with pytest.raises(ValueError, match="product_readout"):
-    models.ModelConfig.for_space(space, product_readout="scene", **base)
+    model_config.ModelConfig.for_space(space, product_readout="scene", **base)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
+from bindjax.runtime import multihost
 from bindjax.runtime import parallel
 
 
@@ -119,19 +120,19 @@ def test_choose_chunk_size():
 
 
 def test_detect_cluster():
-  assert parallel.detect_cluster({}) is None
-  assert parallel.detect_cluster({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "1"}) is None
-  assert parallel.detect_cluster({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4"}) == "slurm"
-  assert parallel.detect_cluster({"TPU_WORKER_HOSTNAMES": "10.0.0.1"}) is None
-  assert parallel.detect_cluster({"TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2"}) == "tpu_pod"
-  assert parallel.detect_cluster({"JAX_COORDINATOR_ADDRESS": "h:1234"}) == "env"
+  assert multihost.detect_cluster({}) is None
+  assert multihost.detect_cluster({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "1"}) is None
+  assert multihost.detect_cluster({"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4"}) == "slurm"
+  assert multihost.detect_cluster({"TPU_WORKER_HOSTNAMES": "10.0.0.1"}) is None
+  assert multihost.detect_cluster({"TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2"}) == "tpu_pod"
+  assert multihost.detect_cluster({"JAX_COORDINATOR_ADDRESS": "h:1234"}) == "env"
 
 
 def test_maybe_initialize_distributed_single_host():
-  assert parallel.maybe_initialize_distributed(environ={}) is False
+  assert multihost.maybe_initialize_distributed(environ={}) is False
   with pytest.raises(ValueError, match="all three"):
-    parallel.maybe_initialize_distributed(coordinator_address="127.0.0.1:1234")
-  assert parallel.is_writer()
+    multihost.maybe_initialize_distributed(coordinator_address="127.0.0.1:1234")
+  assert multihost.is_writer()
 
 
 def test_use_cpu_cores_as_devices_before_and_after_backend_start():
@@ -145,7 +146,8 @@ def test_use_cpu_cores_as_devices_before_and_after_backend_start():
   jax.devices()  # this process's backends are running: too late to change the device count
   with pytest.raises(RuntimeError, match="before the first JAX computation"):
     parallel.use_cpu_cores_as_devices(3, environ={})
-  code = ("import os; from bindjax.runtime import parallel; n = parallel.use_cpu_cores_as_devices(3); "
+  code = ("import os; from bindjax.runtime import parallel; "
+          "n = parallel.use_cpu_cores_as_devices(3); "
           "import jax; print(n, jax.device_count(), os.environ['XLA_FLAGS'])")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,

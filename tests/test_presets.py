@@ -10,7 +10,7 @@ from bindjax.complexity import fitting
 from bindjax.complexity import replicas as binding
 from bindjax.frozen.geometry import config as geometry
 from bindjax.training import grid
-from bindjax.training import train
+from bindjax.training import run_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -59,7 +59,7 @@ RUNS = {"smoke": (16, 60, 1, 32), "tiny": (16, 300, 1, 32), "cpu": (16, 2000, 2,
 
 @pytest.mark.parametrize("preset", sorted(RUNS))
 def test_train_presets_are_the_documented_runs(preset):
-  spec = train.RunSpec.from_config(load("train", preset))
+  spec = run_spec.RunSpec.from_config(load("train", preset))
   assert (spec.space.num_objects, spec.num_steps, spec.model.num_layers,
           spec.model.d_model) == RUNS[preset]
 

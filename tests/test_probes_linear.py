@@ -9,6 +9,7 @@ import pytest
 from bindjax.commands import probe as probe_command
 from bindjax.frozen import embeddings as embeddings_lib
 from bindjax.frozen.probes import linear
+from bindjax.frozen.probes import probe_analysis
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 VALUES = (4, 3)
@@ -121,7 +122,7 @@ def test_real_clevr_text_probes():
   from bindjax.frozen.compat import reference  # pylint: disable=g-import-not-at-top
   full = reference.read_reference_folder(DATA)
   assert full.num_scenes == 600 and full.dim == 384
-  probes, metrics = linear.run_probes(full, linear.ProbeConfig(steps=300))
+  probes, metrics = probe_analysis.run_probes(full, linear.ProbeConfig(steps=300))
   assert metrics["num_train_scenes"] == 240
   assert metrics["test"]["concept_acc"] >= 0.95
   # Objects: well above chance (two positives among 24: 1/276), far from perfect.
@@ -144,14 +145,14 @@ def test_scenes_choose_the_rows_split_and_a_metric_over_no_scenes_is_null(tmp_pa
   scenes alone (labels and object ids stay the whole set's); their 1-object figures are null."""
   planted = planted_set()   # 12 single-object scenes, then 144 pairs
   config = linear.ProbeConfig(steps=50, scenes="two-object")
-  probes, metrics = linear.run_probes(planted, config)
+  probes, metrics = probe_analysis.run_probes(planted, config)
   assert metrics["scenes"] == "two-object" and metrics["num_scenes"] == 144
   assert metrics["num_train_scenes"] == 57 and metrics["num_test_scenes"] == 87
   assert probes["object"].shape == (12, 32)
   for split in ("train", "test"):
     assert np.isnan(metrics[split]["object_acc_per_count"][0])
     assert np.isfinite(metrics[split]["object_acc_per_count"][1])
-  _, every = linear.run_probes(planted, linear.ProbeConfig(steps=50))
+  _, every = probe_analysis.run_probes(planted, linear.ProbeConfig(steps=50))
   assert every["scenes"] == "all" and every["num_scenes"] == 156
   assert np.isfinite(every["test"]["object_acc_per_count"]).all()
   directory = planted.save(str(tmp_path / "set"))
@@ -166,4 +167,4 @@ def test_scenes_choose_the_rows_split_and_a_metric_over_no_scenes_is_null(tmp_pa
     linear.ProbeConfig(scenes="pairs").validate()
   singles = planted.subset(np.flatnonzero(planted.num_objects == 1))
   with pytest.raises(ValueError, match="the set has 0 such scenes"):
-    linear.run_probes(singles, config)
+    probe_analysis.run_probes(singles, config)

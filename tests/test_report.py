@@ -8,6 +8,7 @@ import pytest
 from bindjax.base import files
 from bindjax.commands import report as report_command
 from bindjax.reporting import report
+from bindjax.reporting import statistics
 from bindjax.workdir import results
 
 PLANTED = {(2, 20): 0.5, (2, 50): 0.32, (3, 50): 0.3}
@@ -47,20 +48,20 @@ def _write(workdir, rows, torn=False):
 def test_logistic_fit_recovers_crossing():
   x = np.repeat(COVERAGES, 3)
   y = 1 / (1 + np.exp(-30 * (x - 0.37)))
-  fit = report.fit_logistic(x, y)
+  fit = statistics.fit_logistic(x, y)
   assert fit["status"] == "fit" and abs(fit["rho_star"] - 0.37) < 0.005
-  assert report.fit_logistic(x, np.zeros_like(x))["status"] == "below"
-  assert report.fit_logistic(x, np.ones_like(x))["status"] == "above"
-  assert report.fit_logistic([0.5, 0.5], [0.1, 0.9])["status"] == "too_few"
+  assert statistics.fit_logistic(x, np.zeros_like(x))["status"] == "below"
+  assert statistics.fit_logistic(x, np.ones_like(x))["status"] == "above"
+  assert statistics.fit_logistic([0.5, 0.5], [0.1, 0.9])["status"] == "too_few"
 
 
 def test_scaling_laws():
   sizes = np.array([400, 2500, 125000])
-  laws = report.fit_scaling_laws(sizes, 0.9 * sizes ** -0.1)
+  laws = statistics.fit_scaling_laws(sizes, 0.9 * sizes ** -0.1)
   assert abs(laws["power_law"]["b"] + 0.1) < 1e-6 and abs(laws["power_law"]["a"] - 0.9) < 1e-6
   assert laws["best"] == "power_law" and laws["power_law"]["r2"] > 0.999
-  assert report.fit_scaling_laws([400, 2500], [0.5, 0.3]) is None
-  assert "concept_log_linear" not in report.fit_scaling_laws(sizes, [0.5, 0.4, 0.3], [2, 2, 2])
+  assert statistics.fit_scaling_laws([400, 2500], [0.5, 0.3]) is None
+  assert "concept_log_linear" not in statistics.fit_scaling_laws(sizes, [0.5, 0.4, 0.3], [2, 2, 2])
 
 
 def test_concept_law_separates_concepts_from_size():
@@ -68,20 +69,20 @@ def test_concept_law_separates_concepts_from_size():
   sizes = np.array([100, 144, 125, 216])
   concepts = np.array([2, 2, 3, 3])
   rho = 1.2 - 0.25 * np.log10(sizes) + 0.05 * concepts
-  law = report.fit_scaling_laws(sizes, rho, concepts)["concept_log_linear"]
+  law = statistics.fit_scaling_laws(sizes, rho, concepts)["concept_log_linear"]
   assert np.allclose([law["a"], law["b"], law["c"]], [1.2, -0.25, 0.05])
   assert law["residual_dof"] == 1 and law["r2"] > 0.999
   assert set(law["curves"]) == {"2", "3"}
   # One C only, or C that only ever comes with one size, leaves c undetermined.
-  assert report.fit_concept_law(sizes[:2], concepts[:2], rho[:2]) is None
-  assert report.fit_concept_law([100, 125], [2, 3], [0.8, 0.6]) is None
+  assert statistics.fit_concept_law(sizes[:2], concepts[:2], rho[:2]) is None
+  assert statistics.fit_concept_law([100, 125], [2, 3], [0.8, 0.6]) is None
   # Intervals come from the points' own: a tight point interval gives a tight c around 0.05,
   # a wide one an interval that holds 0 as well.
   for se, holds_zero in ((0.002, False), (0.1, True)):
     rows = [{"space_size": n, "C": c, "rho_star": r, "standard_error": se, "num_seeds": 4}
             for n, c, r in zip(sizes, concepts, rho)]
-    laws = report.scaling_law_intervals(rows, report.fit_scaling_laws(sizes, rho, concepts),
-                                        num_draws=400)
+    laws = statistics.scaling_law_intervals(rows, statistics.fit_scaling_laws(sizes, rho, concepts),
+                                            num_draws=400)
     low, high = laws["concept_log_linear"]["c_interval"]
     assert low < 0.05 < high and (low < 0 < high) == holds_zero, (se, low, high)
 
@@ -97,8 +98,8 @@ def test_predictions_at_sizes_not_run_follow_each_law_and_its_refits():
   for se in (0.002, 0.05):
     rows = [{"space_size": n, "C": c, "rho_star": r, "standard_error": se, "num_seeds": 4}
             for n, c, r in zip(sizes, concepts, rho)]
-    laws = report.scaling_law_intervals(rows, report.fit_scaling_laws(sizes, rho, concepts),
-                                        num_draws=400, predict_at=[(400, 2), (400, 4)])
+    laws = statistics.scaling_law_intervals(rows, statistics.fit_scaling_laws(sizes, rho, concepts),
+                                            num_draws=400, predict_at=[(400, 2), (400, 4)])
     at_c2, at_c4 = laws["predictions"]
     assert (at_c2["space_size"], at_c2["C"], at_c4["C"]) == (400, 2, 4)
     assert np.isclose(at_c2["concept_log_linear"]["rho_star"], 1.2 - 0.25 * np.log10(400) + 0.1)
@@ -246,7 +247,7 @@ def test_rho_star_interval_has_its_coverage():
   for _ in range(300):
     series = report.aggregate(_planted_experiment(rng, 0.75, 4, spread=0.04, noise=0.03),
                               (report.BINDING_METRIC,))
-    (row,) = report.critical_coverages(series)
+    (row,) = statistics.critical_coverages(series)
     if row["interval"] is None:
       censored += 1
       continue
@@ -262,7 +263,7 @@ def test_seed_that_never_crosses_leaves_no_interval():
   for row in rows:
     if row["seed"] == 3:
       row["heldout/object_accuracy_2obj"] = 0.1
-  (row,) = report.critical_coverages(report.aggregate(rows, (report.BINDING_METRIC,)))
+  (row,) = statistics.critical_coverages(report.aggregate(rows, (report.BINDING_METRIC,)))
   assert row["status"] == "fit" and row["interval"] is None and row["censored_seeds"] == ["3"]
   assert row["rho_star"] == row["pooled_rho_star"]
 

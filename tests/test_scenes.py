@@ -1,4 +1,5 @@
-"""Tests for bindjax.core.scenes: every batch is checked against a brute-force numpy recomputation."""
+"""Tests for bindjax.core.scenes: every batch is checked against a brute-force numpy
+recomputation."""
 import functools
 
 import chex
@@ -9,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bindjax.core import coverage_splits
+from bindjax.core import distinct_sets
 from bindjax.core import scenes
 from bindjax.core import world
 
@@ -30,7 +33,7 @@ CONFIGS = {
 @functools.cache
 def _split(name, seed=0):
   space, _, coverage = CONFIGS[name]
-  return world.coverage_split(space, coverage, seed)
+  return coverage_splits.coverage_split(space, coverage, seed)
 
 
 def _sample(name, seed, split="train", split_seed=0):
@@ -165,7 +168,7 @@ def test_swap_negatives_change_one_concept(mode):
   space = world.ObjectSpace((4, 3, 5), 2)
   sampler = scenes.SamplerConfig(1, max_positive_queries=1, swaps_per_scene=3,
                                  swap_concepts=mode)
-  tables = world.coverage_split(space, 0.2, 1)    # few objects: many shared values
+  tables = coverage_splits.coverage_split(space, 0.2, 1)    # few objects: many shared values
   batches = jax.tree.map(np.asarray, scenes.sample_batches(
       jax.random.key(0), tables.permutation, tables.num_train, 400, space=space,
       sampler=sampler, split="train"))
@@ -219,7 +222,7 @@ def test_same_key_same_batch_different_keys_differ():
 
 def test_no_retracing_across_batches_and_replicas():
   space, sampler, _ = CONFIGS["c2v20k2"]
-  splits = [world.coverage_split(space, coverage, seed)
+  splits = [coverage_splits.coverage_split(space, coverage, seed)
             for coverage, seed in ((0.1, 0), (0.5, 1), (0.9, 2), (1.0, 3))]
   perms = jnp.stack([s.permutation for s in splits])
   counts = jnp.asarray([s.num_train for s in splits])
@@ -280,7 +283,7 @@ def test_vmap_over_keys_and_sample_batches():
 
 def test_empty_test_pool_gives_inactive_rows():
   space, sampler, _ = CONFIGS["c2v20k2"]
-  tables = world.coverage_split(space, 1.0, 0)
+  tables = coverage_splits.coverage_split(space, 1.0, 0)
   batch = scenes.sample_batch(jax.random.key(0), tables.permutation, tables.num_train,
                               space=space, sampler=sampler, split="test")
   assert (np.asarray(batch.num_objects_B) == 0).all()
@@ -292,7 +295,7 @@ def test_empty_test_pool_gives_inactive_rows():
 def test_large_object_space():
   space = world.ObjectSpace.uniform(3, 50, 3)      # |O| = 125,000
   sampler = scenes.SamplerConfig(16, built_negatives_per_positive=1)
-  tables = world.coverage_split(space, 0.5, 0)
+  tables = coverage_splits.coverage_split(space, 0.5, 0)
   batch = jax.tree.map(np.asarray, scenes.sample_batch(
       jax.random.key(0), tables.permutation, tables.num_train, space=space, sampler=sampler,
       split="test"))
@@ -342,18 +345,18 @@ def test_threefry_matches_jax_and_key_kinds_agree():
 @pytest.mark.parametrize("large", [False, True])
 def test_distinct_set_helpers_both_branches(large):
   # Small limits take the sort/compare/top_k branches meant for huge object spaces and batches.
-  table_limit = 4 if large else scenes.TABLE_LIMIT
-  max_index_bits = 2 if large else scenes.MAX_INDEX_BITS
+  table_limit = 4 if large else distinct_sets.TABLE_LIMIT
+  max_index_bits = 2 if large else distinct_sets.MAX_INDEX_BITS
   rng = np.random.RandomState(0)
   ids = rng.randint(-1, 13, size=40).astype(np.int32)      # -1 and 12 (= |O|) are not objects
-  first = np.asarray(jax.jit(scenes.first_occurrences, static_argnums=(1, 2))(
+  first = np.asarray(jax.jit(distinct_sets.first_occurrences, static_argnums=(1, 2))(
       ids, 12, table_limit))
   expected = [0 <= x < 12 and x not in ids[:i] for i, x in enumerate(ids)]
   np.testing.assert_array_equal(first, expected)
 
   queries = np.array([5, -1, 3, 7, 11, -1], np.int32)
   scene_ids = rng.randint(-1, 12, size=(9, 3)).astype(np.int32)
-  labels = np.asarray(jax.jit(scenes.membership_labels, static_argnums=(3, 4))(
+  labels = np.asarray(jax.jit(distinct_sets.membership_labels, static_argnums=(3, 4))(
       scene_ids, queries, queries >= 0, 12, table_limit))
   expected = np.array([[q >= 0 and q in row for q in queries] for row in scene_ids])
   np.testing.assert_array_equal(labels, expected.astype(np.float32))
@@ -364,20 +367,21 @@ def test_distinct_set_helpers_both_branches(large):
   @jax.jit
   def subsets(key):
     words = jax.random.bits(key, (4000, 8), jnp.uint32)
-    return jax.vmap(lambda w: scenes.random_subset(w, keep, 3, max_index_bits))(words)
+    return jax.vmap(lambda w: distinct_sets.random_subset(w, keep, 3, max_index_bits))(words)
 
   position, valid = jax.tree.map(np.asarray, subsets(jax.random.key(0)))
   assert valid.all()
   assert all(len(set(p)) == 3 and np.asarray(keep)[p].all() for p in position[:50])
   frequency = np.bincount(position.reshape(-1), minlength=8) / 4000
   np.testing.assert_allclose(frequency[np.asarray(keep)], 3 / 5, atol=0.03)
-  position, valid = jax.tree.map(np.asarray, jax.jit(
-      lambda w: scenes.random_subset(w, keep, 7, max_index_bits))(jnp.arange(8, dtype=jnp.uint32)))
+  subset = jax.jit(lambda w: distinct_sets.random_subset(w, keep, 7, max_index_bits))
+  position, valid = jax.tree.map(np.asarray, subset(jnp.arange(8, dtype=jnp.uint32)))
   assert valid.sum() == 5 and set(position[valid]) == {0, 2, 3, 5, 6}
 
 
 def _reference_batch_statistics(rng, space, sampler, tables):
-  """docs/sampling.md written literally with Python sets: (#concept queries, #object queries, #active)."""
+  """docs/sampling.md written literally with Python sets: (#concept queries, #object queries,
+  #active)."""
   values = [tuple(v) for v in space.all_objects().tolist()]
   counts = rng.randint(1, space.max_objects + 1, size=sampler.batch_size)
   draws = rng.choice(tables.train_ids, size=(sampler.batch_size, space.max_objects))
@@ -424,7 +428,7 @@ def test_train_queries_restricted_to_training_objects():
   """train_queries="train": no held-out object is ever a valid training query; held-out swaps
   are dropped (masked slots), built negatives come from the training objects; "all" keeps them."""
   space = world.ObjectSpace.uniform(2, 6, 2)
-  split = world.coverage_split(space, 0.5, 0)
+  split = coverage_splits.coverage_split(space, 0.5, 0)
   heldout = set(np.asarray(split.heldout_ids).tolist())
   keys = jax.vmap(jax.random.key)(jnp.arange(64))
   found_heldout_in_all = False

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import special
 
+from bindjax.core import model_config
 from bindjax.core import models
 from bindjax.frozen.compat import torch_checkpoint
 from bindjax.frozen.compat import torch_format
@@ -84,7 +85,8 @@ def _reference_tower(sd, tokens):
       scores = np.where(key_padding[:, None, :], -np.inf, scores)
       probs = np.exp(scores - scores.max(-1, keepdims=True))
       heads.append((probs / probs.sum(-1, keepdims=True)) @ v)
-    attn = np.concatenate(heads, -1) @ p("self_attn.out_proj.weight").T + p("self_attn.out_proj.bias")
+    attn = (np.concatenate(heads, -1) @ p("self_attn.out_proj.weight").T
+            + p("self_attn.out_proj.bias"))
     x = x + attn
     h = _layer_norm(x, p("norm2.weight"), p("norm2.bias"))
     h = h @ p("linear1.weight").T + p("linear1.bias")
@@ -106,7 +108,7 @@ def _forward(config, params, scenes, queries):
 def test_conversion_matches_numpy_torch_semantics(similarity):
   checkpoint = _checkpoint(similarity)
   params, fields, step = torch_checkpoint.params_from_state_dicts(checkpoint)
-  config = models.ModelConfig(**fields)
+  config = model_config.ModelConfig(**fields)
   assert (config.d_model, config.num_heads, config.num_layers, config.d_ff, config.d_out) == (
       D, HEADS, LAYERS, FF, OUT)
   assert (config.vocab_size, config.pad_token, config.scene_length, config.query_length) == (
@@ -130,7 +132,7 @@ def test_conversion_matches_numpy_torch_semantics(similarity):
 def test_params_round_trip_exactly():
   checkpoint = _checkpoint("dot")
   params, fields, _ = torch_checkpoint.params_from_state_dicts(checkpoint)
-  back = torch_checkpoint.state_dicts_from_params(params, models.ModelConfig(**fields), 7)
+  back = torch_checkpoint.state_dicts_from_params(params, model_config.ModelConfig(**fields), 7)
   for tower in ("scene_encoder", "probe_encoder"):
     assert list(back[tower]) == list(checkpoint[tower])
     for key, value in checkpoint[tower].items():
@@ -140,12 +142,13 @@ def test_params_round_trip_exactly():
 
 
 def test_fresh_bindjax_params_survive_the_original_layout():
-  config = models.ModelConfig(vocab_size=VOCAB, pad_token=PAD, scene_length=9, query_length=5,
-                              d_model=D, num_heads=HEADS, num_layers=LAYERS, d_ff=FF, d_out=OUT)
+  config = model_config.ModelConfig(vocab_size=VOCAB, pad_token=PAD, scene_length=9,
+                                    query_length=5, d_model=D, num_heads=HEADS,
+                                    num_layers=LAYERS, d_ff=FF, d_out=OUT)
   params = models.init_params(jax.random.key(0), config)
   checkpoint = torch_checkpoint.state_dicts_from_params(params, config)
   again, fields, _ = torch_checkpoint.params_from_state_dicts(checkpoint)
-  assert models.ModelConfig(**fields) == config
+  assert model_config.ModelConfig(**fields) == config
   jax.tree.map(np.testing.assert_array_equal, again, jax.tree.map(np.asarray, params))
   np.testing.assert_allclose(_forward(config, params, SCENES, QUERIES)[0],
                              _reference_tower(checkpoint["scene_encoder"], SCENES), atol=1e-4)
@@ -155,7 +158,7 @@ def test_fresh_bindjax_params_survive_the_original_layout():
 def test_torch_save_file_round_trip(tmp_path, upper_case):
   checkpoint = _checkpoint("cosine")
   params, fields, _ = torch_checkpoint.params_from_state_dicts(checkpoint)
-  config = models.ModelConfig(**fields)
+  config = model_config.ModelConfig(**fields)
   path = tmp_path / "model.pt"
   torch_checkpoint.save_reference_checkpoint(params, config, path, global_step=99,
                                              upper_case=upper_case)

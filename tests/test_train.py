@@ -1,4 +1,5 @@
-"""bindjax.training.train: config validation, schedule, per-replica optimiser, purity and learning."""
+"""bindjax.training.train: config validation, schedule, per-replica optimiser, purity and
+learning."""
 import os
 
 import jax
@@ -14,6 +15,7 @@ from bindjax.core import scenes
 from bindjax.frozen import extract
 from bindjax.runtime import xla_options
 from bindjax.training import grid
+from bindjax.training import run_spec
 from bindjax.training import sweep
 from bindjax.training import train
 from bindjax.workdir import results
@@ -57,19 +59,19 @@ def _compile(fn, *args):
 ])
 def test_config_errors_name_field_and_value(path, value, match):
   with pytest.raises(ValueError, match=match):
-    train.RunSpec.from_config(_tiny_config(**{path: value}))
+    run_spec.RunSpec.from_config(_tiny_config(**{path: value}))
 
 
 def test_missing_field_is_named():
   c = _tiny_config()
   del c.eval["batches"]
   with pytest.raises(ValueError, match=r"config\.eval\.batches is missing"):
-    train.RunSpec.from_config(c)
+    run_spec.RunSpec.from_config(c)
 
 
 def test_spec_is_hashable_and_static():
-  a = train.RunSpec.from_config(_tiny_config())
-  b = train.RunSpec.from_config(_tiny_config(coverage=0.5, seed=3))
+  a = run_spec.RunSpec.from_config(_tiny_config())
+  b = run_spec.RunSpec.from_config(_tiny_config(coverage=0.5, seed=3))
   assert hash(a) == hash(b) and a == b   # coverage and seed are per-replica arrays, not static
   assert a.warmup_steps == 90                  # warm-up fraction 0.3 of 300 steps
 
@@ -110,14 +112,14 @@ def _plain_adamw(lr, wd, num_steps, warmup):
 
 def test_per_replica_arrays_equal_plain_optimiser():
   """Per-replica lr/wd arrays (vmapped) give exactly what optax.adamw with constants gives."""
-  spec = train.RunSpec.from_config(_tiny_config(num_steps=20))
+  spec = run_spec.RunSpec.from_config(_tiny_config(num_steps=20))
   rng = np.random.default_rng(0)
   params = {"w": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32), "tau": jnp.float32(1.15)}
   grads = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
            for _ in range(6)]
   settings = [(1e-2, 0.1), (3e-3, 0.0)]
 
-  inputs = train.inputs_from_config(_tiny_config(num_steps=20), spec)[0]
+  inputs = run_spec.inputs_from_config(_tiny_config(num_steps=20), spec)[0]
 
   def run_arrays(lr_R, wd_R):
     def one(lr, wd):
@@ -153,11 +155,11 @@ def test_per_replica_arrays_equal_plain_optimiser():
 def test_train_step_is_pure_and_vmaps_like_single_replicas():
   """Two replicas (different coverage, seed, lr) vmapped == each run alone; no hidden state."""
   config = _tiny_config(num_steps=10, coverage=0.75)
-  spec = train.RunSpec.from_config(config)
+  spec = run_spec.RunSpec.from_config(config)
   replica_inputs = []
   for seed, coverage, lr in ((0, 0.75, 1e-2), (1, 0.5, 3e-3)):
     config.seed, config.coverage, config.optimizer.learning_rate = seed, coverage, lr
-    replica_inputs.append(train.inputs_from_config(config, spec)[0])
+    replica_inputs.append(run_spec.inputs_from_config(config, spec)[0])
   stacked = jax.tree.map(lambda *x: np.stack(x), *replica_inputs)
 
   def one_step(inputs):
@@ -227,7 +229,8 @@ def test_tiny_model_learns_and_coverage_one_reports_training_objects(tmp_path):
   rank both positives of an ambiguous scene above both cross objects. The same scene tower with
   free per-object query vectors binds within 1,000 steps; the 2-layer d_model-64 preset
   (experiments/train.py:cpu) binds by 2,000 steps (query R² 0.55-0.86). Evidence, commands:
-  experiments/studies/tiny_binding_{probe,readout}.py (results in experiments/studies/results/tiny_binding/).
+  experiments/studies/tiny_binding_{probe,readout}.py (results in
+  experiments/studies/results/tiny_binding/).
   """
   config = _tiny_config()
   final = sweep.run_single(config, tmp_path, progress=False, log=lambda *a: None)
@@ -247,8 +250,8 @@ def test_tiny_model_learns_and_coverage_one_reports_training_objects(tmp_path):
   # ambiguous ones are right up to binding (positives above every non-cross negative).
   trained = extract.load_workdir(tmp_path, "latest")
   assert trained.step == 300
-  spec = train.RunSpec.from_config(config)
-  inputs, _ = train.inputs_from_config(config, spec)
+  spec = run_spec.RunSpec.from_config(config)
+  inputs, _ = run_spec.inputs_from_config(config, spec)
   by_kind = _two_object_accuracy_by_kind(trained.params, spec, inputs, jax.random.key(1))
   assert by_kind["share"] > 0.95, by_kind
   assert by_kind["ambiguous_bag"] > 0.95, by_kind
@@ -300,7 +303,7 @@ def test_single_run_config_is_a_one_replica_grid():
   replicas, buckets = grid.expand_grid(grid.single_run_config(config))
   (replica,) = replicas
   assert (replica.coverage, replica.seed, replica.space_size) == (0.5, 3, 16)
-  inputs, split = train.inputs_from_config(config, train.RunSpec.from_config(config))
+  inputs, split = run_spec.inputs_from_config(config, run_spec.RunSpec.from_config(config))
   np.testing.assert_array_equal(buckets[0].members[0].inputs.permutation_O, inputs.permutation_O)
   assert buckets[0].members[0].split.num_train == split.num_train
   with pytest.raises(ValueError, match="config.grid is set"):

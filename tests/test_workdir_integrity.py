@@ -399,7 +399,8 @@ def _shift_seed_of_replica_3(replicas):
 
 
 def _drop_the_last_replica(replicas):
-  return replicas[:-1], rf"from replica {len(replicas) - 1} on: the file ends before it, the grid has "
+  return replicas[:-1], (rf"from replica {len(replicas) - 1} on: the file ends before it, "
+                         r"the grid has ")
 
 
 @pytest.mark.parametrize("finished", [False, True], ids=["resume", "finished"])

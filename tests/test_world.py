@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bindjax.core import coverage_splits
 from bindjax.core import world
 
 values_strategy = st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple)
@@ -14,7 +15,7 @@ values_strategy = st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple)
 
 def test_reference_split_values():
   space = world.ObjectSpace.uniform(2, 20, 2)
-  split = world.coverage_split(space, 0.8, 0)
+  split = coverage_splits.coverage_split(space, 0.8, 0)
   assert (split.num_train, split.num_heldout) == (320, 80)
   np.testing.assert_array_equal(split.train_ids[:5], [132, 309, 341, 196, 246])
   np.testing.assert_array_equal(split.permutation, np.random.RandomState(0).permutation(400))
@@ -26,11 +27,11 @@ def test_reference_split_values():
     (400, 0.8, 320), (400, 0.001, 1), (400, 0.9999, 399), (10, 0.55, 5), (2, 0.5, 1),
     (400, 1.0, 400), (1, 1.0, 1)])
 def test_num_train_formula(num_objects, coverage, expected):
-  assert world.num_train_objects(num_objects, coverage) == expected
+  assert coverage_splits.num_train_objects(num_objects, coverage) == expected
 
 
 def test_full_coverage_has_no_heldout():
-  split = world.coverage_split(world.ObjectSpace.uniform(2, 5, 2), 1.0, 3)
+  split = coverage_splits.coverage_split(world.ObjectSpace.uniform(2, 5, 2), 1.0, 3)
   assert split.num_train == 25 and split.heldout_ids.size == 0
 
 
@@ -38,7 +39,7 @@ def test_full_coverage_has_no_heldout():
 def test_bad_coverage(coverage):
   space = world.ObjectSpace.uniform(2, 5, 2)
   with pytest.raises(ValueError, match="coverage"):
-    world.coverage_split(space, coverage, 0)
+    coverage_splits.coverage_split(space, coverage, 0)
 
 
 def test_bad_space_arguments():
@@ -66,7 +67,7 @@ def test_too_large_to_enumerate():
   space = world.ObjectSpace.uniform(10, 20, 2)   # 20^10 objects: fine to describe
   assert space.vocab_size == 204
   with pytest.raises(ValueError, match="too large for coverage_split"):
-    world.coverage_split(space, 0.5, 0)
+    coverage_splits.coverage_split(space, 0.5, 0)
   with pytest.raises(ValueError, match="too large for all_objects"):
     space.all_objects()
   with pytest.raises(ValueError, match="too large for object ids"):
@@ -175,15 +176,15 @@ def test_invalid_ids_and_values():
 
 def test_split_save_load_roundtrip(tmp_path):
   space = world.ObjectSpace((4, 5, 3), 2)
-  split = world.coverage_split(space, 0.3, 7)
-  path = tmp_path / world.split_filename(7, 0.3)
+  split = coverage_splits.coverage_split(space, 0.3, 7)
+  path = tmp_path / coverage_splits.split_filename(7, 0.3)
   assert path.name == "object_split_seed7_frac0.3000.npz"
   split.save(path)
   assert os.listdir(tmp_path) == [path.name]          # no temp file left behind
   with np.load(path) as f:
     assert {"train_object_ids", "test_object_ids", "train_objects", "test_objects"} <= set(f.files)
     np.testing.assert_array_equal(f["train_objects"], space.object_values(split.train_ids))
-  loaded = world.CoverageSplit.load(path)
+  loaded = coverage_splits.CoverageSplit.load(path)
   np.testing.assert_array_equal(loaded.permutation, split.permutation)
   assert (loaded.num_train, loaded.coverage, loaded.seed) == (split.num_train, 0.3, 7)
   assert loaded.values_per_concept == (4, 5, 3)
@@ -192,22 +193,22 @@ def test_split_save_load_roundtrip(tmp_path):
 def test_load_reference_style_file(tmp_path):
   # The reference files may hold only the four arrays: scalars come from the name, V from space.
   space = world.ObjectSpace.uniform(2, 6, 2)
-  split = world.coverage_split(space, 0.5, 2)
+  split = coverage_splits.coverage_split(space, 0.5, 2)
   path = tmp_path / "object_split_seed2_frac0.5000.npz"
   np.savez(path, train_object_ids=split.train_ids.astype(np.int64),
            test_object_ids=split.heldout_ids.astype(np.int64),
            train_objects=space.object_values(split.train_ids),
            test_objects=space.object_values(split.heldout_ids))
   with pytest.raises(ValueError, match="pass space="):
-    world.CoverageSplit.load(path)
-  loaded = world.CoverageSplit.load(path, space=space)
+    coverage_splits.CoverageSplit.load(path)
+  loaded = coverage_splits.CoverageSplit.load(path, space=space)
   np.testing.assert_array_equal(loaded.permutation, split.permutation)
   assert (loaded.seed, loaded.coverage, loaded.num_train) == (2, 0.5, 18)
 
 
 def test_load_validates(tmp_path):
   space = world.ObjectSpace.uniform(2, 6, 2)
-  split = world.coverage_split(space, 0.5, 2)
+  split = coverage_splits.coverage_split(space, 0.5, 2)
   good = dict(train_object_ids=split.train_ids, test_object_ids=split.heldout_ids,
               train_objects=space.object_values(split.train_ids),
               test_objects=space.object_values(split.heldout_ids),
@@ -223,24 +224,24 @@ def test_load_validates(tmp_path):
     path = tmp_path / "split.npz"
     np.savez(path, **arrays)
     with pytest.raises(ValueError, match=message):
-      world.CoverageSplit.load(path, space=space)
+      coverage_splits.CoverageSplit.load(path, space=space)
   with pytest.raises(ValueError, match="end in .npz"):
     split.save(tmp_path / "split.txt")
 
 
 def test_split_object_validates():
   with pytest.raises(ValueError, match="exactly once"):
-    world.CoverageSplit(np.array([0, 0, 1]), 1, 0.5, 0)
+    coverage_splits.CoverageSplit(np.array([0, 0, 1]), 1, 0.5, 0)
   with pytest.raises(ValueError, match="num_train must lie in"):
-    world.CoverageSplit(np.array([0, 2, 1]), 0, 0.5, 0)
+    coverage_splits.CoverageSplit(np.array([0, 2, 1]), 0, 0.5, 0)
   with pytest.raises(ValueError, match="inconsistent split"):
-    world.CoverageSplit(np.array([0, 2, 1]), 1, 0.5, 0, (2, 2))
+    coverage_splits.CoverageSplit(np.array([0, 2, 1]), 1, 0.5, 0, (2, 2))
 
 
 def test_load_rejects_unreadable_file(tmp_path):
   path = tmp_path / "split.npz"
   path.write_bytes(b"not a zip file")
   with pytest.raises(ValueError, match="not a readable .npz"):
-    world.CoverageSplit.load(path)
+    coverage_splits.CoverageSplit.load(path)
   with pytest.raises(FileNotFoundError):
-    world.CoverageSplit.load(tmp_path / "missing.npz")
+    coverage_splits.CoverageSplit.load(tmp_path / "missing.npz")

@@ -1,8 +1,8 @@
 """`bindjax extract --workdir=RUN [--replica=N] --objects=all|train|held-out [--out=DIR]`.
 
-Turns a trained dual encoder (docs/extraction.md) into an embedding set (native format) with concept and object
-probe vectors, readable by `bindjax probe`, `complexity`, `decompose`, `interventions`, `mds`.
-RUN is a `bindjax train` workdir or a `bindjax sweep` workdir, whose replica N (its index in
+Turns a trained dual encoder (docs/extraction.md) into an embedding set (native format) with concept
+and object probe vectors, readable by `bindjax probe`, `complexity`, `decompose`, `interventions`,
+`mds`. RUN is a `bindjax train` workdir or a `bindjax sweep` workdir, whose replica N (its index in
 RUN/replicas.json) is extracted. Default output: RUN/embeddings_<objects> (of a sweep:
 RUN/embeddings_<objects>_replica<N>). An original PyTorch checkpoint works too:
 `bindjax extract --checkpoint=FILE.pt --out=DIR [--split=object_split_seed0_frac0.8000.npz]`.

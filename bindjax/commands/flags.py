@@ -157,7 +157,8 @@ def usage_line(description):
 def _config_fields(flag_values, default_config):
   """The --help lines listing the fields of --config (or of `default_config()`) and values."""
   if flag_values["config"].present:
-    config, source = flag_values["config"].value, f"--config={flag_values['config'].config_filename}"
+    config = flag_values["config"].value
+    source = f"--config={flag_values['config'].config_filename}"
   elif default_config is not None:
     config, source = default_config(), "the defaults"
   else:

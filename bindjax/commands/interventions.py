@@ -10,10 +10,11 @@ OUT/interventions_summary.json and OUT/interventions_cases.jsonl; a non-empty OU
 unless --overwrite, and nothing is written when a flag, the config or the input is rejected.
 
 Config fields: interventions.banks (a tuple of bank names; empty: every bank the set supports),
-interventions.strengths (a tuple of k), interventions.attribute_concept / shape_concept, interventions.seed, target_draws, pool,
-tie_tolerance, interventions.probes (auto | stored | fit | none: probe vectors that also score
-the edited embeddings), interventions.probes_file (a probes.npz of `bindjax probe`, instead of
-fitting), obj_avg_counting (occurrences as the original, or scenes), probe.* (probe fitting).
+interventions.strengths (a tuple of k), interventions.attribute_concept / shape_concept,
+interventions.seed, target_draws, pool, tie_tolerance, interventions.probes (auto | stored | fit |
+none: probe vectors that also score the edited embeddings), interventions.probes_file (a probes.npz
+of `bindjax probe`, instead of fitting), obj_avg_counting (occurrences as the original, or scenes),
+probe.* (probe fitting).
 """
 from bindjax.commands import flags as flags_lib
 from bindjax.commands import geometry_flags

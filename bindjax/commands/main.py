@@ -28,7 +28,8 @@ _USAGE = """usage: bindjax <command> [--flags]
 
 commands:
   train               train one dual encoder   (--config=experiments/train.py:smoke --workdir=DIR)
-  sweep               coverage sweep, replicas vmapped and sharded (--config=experiments/coverage_sweep.py:smoke --workdir=DIR)
+  sweep               coverage sweep, replicas vmapped and sharded \
+(--config=experiments/coverage_sweep.py:smoke --workdir=DIR)
   report              phase-transition figure and table from a sweep workdir (--workdir=DIR)
   import              convert a folder written by the original PyTorch code to bindjax's format
   probe               linear concept/object probes on an embedding set (--embeddings=DIR)
@@ -37,8 +38,10 @@ commands:
   interventions       object-replacement interventions
   interventions-table collect intervention summaries into Markdown and LaTeX tables
   mds                 MDS geometry of quadruples
-  extract             trained dual encoder -> embedding set (--workdir=RUN [--replica=N] --objects=all|train|held-out)
-  binding             approximators fitted to every replica of a sweep vs its held-out accuracy (--workdir=SWEEP --config=experiments/binding.py:ARG)
+  extract             trained dual encoder -> embedding set \
+(--workdir=RUN [--replica=N] --objects=all|train|held-out)
+  binding             approximators fitted to every replica of a sweep vs its held-out accuracy \
+(--workdir=SWEEP --config=experiments/binding.py:ARG)
 
 `bindjax <command> --help` lists a command's flags."""
 

@@ -5,8 +5,8 @@ and one for the object identity, trained together (summed soft cross-entropy, Ad
 decay, full batch) on a random split of the scenes (--train_fraction, torch-compatible randperm
 from --seed, as the original code splits): every scene, or with --scenes=two-object the 2-object
 scenes alone, as the original code does (on a set that also holds single-object scenes the two
-differ; the output says which scenes were used). DIR is a native embedding set, a TFDS-built one or a
-folder written by the original code. Writes OUT/probes.npz (arrays concept_0, concept_1, …,
+differ; the output says which scenes were used). DIR is a native embedding set, a TFDS-built one or
+a folder written by the original code. Writes OUT/probes.npz (arrays concept_0, concept_1, …,
 object; rows are classes) and OUT/probe_metrics.json (train and test concept and object
 accuracy, losses); a non-empty OUT is refused unless --overwrite. `bindjax complexity` and
 `bindjax interventions` take the probes.npz as `probes_file`, so the probes are fitted once.
@@ -19,6 +19,7 @@ from bindjax.commands import flags as flags_lib
 def main(argv):
   """Runs the command; returns 0 (errors exit with the statuses of bindjax.commands.flags)."""
   from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
+  from bindjax.frozen.probes import probe_analysis  # pylint: disable=g-import-not-at-top
   defaults = linear.ProbeConfig()
   fv = flags_lib.new_flag_values(
       with_config=False, workdir_help="output directory: probes.npz and probe_metrics.json")
@@ -46,8 +47,8 @@ def main(argv):
                               train_fraction=fv["train_fraction"].value, seed=fv["seed"].value,
                               scenes=fv["scenes"].value)
   with flags_lib.run_errors(prog):
-    metrics, probes_path, metrics_path = linear.run(config, directory, workdir,
-                                                    progress=fv["progress"].value)
+    metrics, probes_path, metrics_path = probe_analysis.run(config, directory, workdir,
+                                                            progress=fv["progress"].value)
   print(f"probes split and fitted on {metrics['num_scenes']} scenes (--scenes="
         f"{metrics['scenes']}): {metrics['num_train_scenes']} train, "
         f"{metrics['num_test_scenes']} test")

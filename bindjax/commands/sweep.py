@@ -15,6 +15,7 @@ from absl import flags
 from bindjax.base import files
 from bindjax.commands import flags as bj_flags
 from bindjax.runtime import compilation_cache
+from bindjax.runtime import multihost
 from bindjax.runtime import parallel
 from bindjax.workdir import results
 
@@ -44,12 +45,12 @@ def run(argv, *, single, description):
   with bj_flags.usage_errors(prog):
     if "sweep" not in config or "cpu_devices" not in config.sweep:
       raise ValueError("config.sweep.cpu_devices is missing: expected a config built on "
-                       "bindjax.training.train.default_config()")
+                       "bindjax.training.run_spec.default_config()")
     # Before anything touches the devices.
     parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
   compilation_cache.enable()
-  parallel.maybe_initialize_distributed(fv["coordinator_address"].value,
-                                        fv["num_processes"].value, fv["process_id"].value)
+  multihost.maybe_initialize_distributed(fv["coordinator_address"].value,
+                                         fv["num_processes"].value, fv["process_id"].value)
   from bindjax.training import sweep  # pylint: disable=g-import-not-at-top
   loop = sweep.run_single if single else sweep.run_sweep
   workdir, overwrite = fv["workdir"].value, fv["overwrite"].value
@@ -65,8 +66,8 @@ def run(argv, *, single, description):
 def _default_config(single):
   """The defaults every preset starts from, with a sweep's (empty) grid unless `single`."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from bindjax.training import train  # pylint: disable=g-import-not-at-top
-  config = train.default_config()
+  from bindjax.training import run_spec  # pylint: disable=g-import-not-at-top
+  config = run_spec.default_config()
   if not single:
     config.grid = ml_collections.ConfigDict({name: () for name in (
         "spaces", "coverages", "seeds", "learning_rates", "weight_decays", "models")})
@@ -79,7 +80,7 @@ def main(argv):
   if finished and fv["report"].value:
     print(f"report: left as it is (the sweep was already finished); `bindjax report "
           f"--workdir={fv['workdir'].value} --overwrite` redraws it")
-  elif fv["report"].value and parallel.is_writer():
+  elif fv["report"].value and multihost.is_writer():
     from bindjax.reporting import report  # pylint: disable=g-import-not-at-top
     try:
       summary = report.make_report(fv["workdir"].value, num_draws=200)

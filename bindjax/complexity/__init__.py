@@ -2,8 +2,9 @@
 concept values reproduce its embedding on objects never seen in training.
 
 Modules: `data` (scenes and object-level splits), `families` (approximators), `fitting`
-(batched fitting and scoring with frozen probes), `trees` (scikit-learn approximators on the same
-splits), `results` (CSV and the summary over seeds), `figure`, `description_length`
-(prequential code length per family), `analysis` (the `bindjax complexity` flow) and `replicas`
-(every replica of a sweep fitted on its own split: the `bindjax binding` flow).
+(batched fitting and scoring with frozen probes), `fit_programs` (the compiled per-model
+programs of a fit), `grid_fits` (grids of fits and their result rows), `trees` (scikit-learn
+approximators on the same splits), `results` (CSV and the summary over seeds), `figure`,
+`description_length` (prequential code length per family), `analysis` (the `bindjax complexity`
+flow) and `replicas` (every replica of a sweep fitted on its own split: the `bindjax binding` flow).
 """

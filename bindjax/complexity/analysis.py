@@ -25,11 +25,14 @@ from bindjax.complexity import data as data_lib
 from bindjax.complexity import description_length as description_length_lib
 from bindjax.complexity import families
 from bindjax.complexity import figure
+from bindjax.complexity import fit_programs
 from bindjax.complexity import fitting
+from bindjax.complexity import grid_fits
 from bindjax.complexity import results
 from bindjax.complexity import trees
 from bindjax.frozen import embeddings
 from bindjax.frozen.probes import linear
+from bindjax.frozen.probes import probe_analysis
 
 RESULTS_FILE = "results.json"
 # Object splits of the grid: "random" draws one per train fraction and seed; "coverage" uses the
@@ -180,7 +183,6 @@ def run(settings, workdir, embedding_set=None, log=print, progress=True):
   input data ValueError (docs/cli.md). Replaces earlier results in `workdir` (the command
   refuses a non-empty one first).
   """
-  results_path = os.path.join(workdir, RESULTS_FILE)
   if embedding_set is None:
     embedding_set = embeddings.read_embeddings(settings.embeddings)
   vpc = tuple(embedding_set.values_per_concept)
@@ -189,32 +191,28 @@ def run(settings, workdir, embedding_set=None, log=print, progress=True):
                                    embedding_set.embeddings.shape[1], settings.embed_dim)
   start = time.perf_counter()
   if settings.probes_file:
-    probes = linear.weights_from_file(settings.probes_file, vpc)
+    probes = probe_analysis.weights_from_file(settings.probes_file, vpc)
     probe_source = settings.probes_file
   else:
     probes, probe_source = frozen_probes(embedding_set, settings.probes, settings.probe, progress)
   probe_s = time.perf_counter() - start
   data, _ = data_lib.from_set(embedding_set)
   split = data_lib.recorded_split(embedding_set) if settings.split == "coverage" else None
-  all_rows = np.ones(data.num_scenes, bool)
-  probe_check = {
-      k: float(np.asarray(v)[0]) for k, v in fitting.evaluate_predictions(
-          data.targets_NxD, data, probes, jnp.asarray(np.stack([all_rows] * 3))).items()
-      if k in ("concept_acc", "object_acc")}
+  probe_check = _probe_check(data, probes)
   log(f"probes ({probe_source}) on the real {data.num_scenes} K-object scenes: concept acc "
       f"{probe_check['concept_acc']:.3f}, object acc {probe_check['object_acc']:.3f}")
   with errors.config_errors():
     fractions = settings.train_fractions if split is None else (split[1] / data.num_unique,)
-    entries = [dataclasses.replace(e, split=split) for e in fitting.grid_entries(
+    entries = [dataclasses.replace(e, split=split) for e in grid_fits.grid_entries(
         models, fractions, settings.seeds, settings.learning_rates)]
   fit_config = settings.fit
   start = time.perf_counter()
   bar, on_eval = progress_lib.loss_bar(len(entries) * fitting.eval_steps(fit_config)[-1],
                                        "model-step", progress)
   try:
-    rows, infos = fitting.fit_grid(entries, data, probes, fit_config,
-                                   chunk_size=settings.chunks, memory_bytes=settings.memory,
-                                   on_eval=on_eval)
+    rows, infos = grid_fits.fit_grid(entries, data, probes, fit_config,
+                                     chunk_size=settings.chunks, memory_bytes=settings.memory,
+                                     on_eval=on_eval)
   finally:
     bar.close()
   grid_s = time.perf_counter() - start
@@ -224,10 +222,7 @@ def run(settings, workdir, embedding_set=None, log=print, progress=True):
       seeds = [s for _ in settings.train_fractions for s in settings.seeds]
       rows += trees.fit_trees(kind, data, probes, fractions, seeds, settings.tree_estimators)
   for row in rows:
-    log(f"{row['name']:>20} f={row['train_fraction']:.2f} seed={row['seed']}: best test-only "
-        f"object acc {row['best_test_object_acc']:.3f} (concept acc "
-        f"{row['test_concept_acc_at_best']:.3f}); test-only R² best {row['best_test_r2']:.3f}, "
-        f"final {row['final_test_only_r2']:.3f} (the original reports the final)")
+    log(_row_line(row))
   if settings.description_length:
     run_description_length(models, data, probes, settings, workdir, log, progress)
   summary_rows = results.summarize_seeds(rows)
@@ -238,9 +233,32 @@ def run(settings, workdir, embedding_set=None, log=print, progress=True):
       "grid_s": grid_s, "eval_steps": fitting.eval_steps(fit_config), "buckets": infos,
       "masks": list(data_lib.MASKS), "summary": summary_rows, "rows": rows,
   }
+  _write_outputs(workdir, rows, summary)
+  return rows
+
+
+def _probe_check(data, probes):
+  """The probes' concept and object accuracy on the real embeddings of every scene."""
+  all_rows = np.ones(data.num_scenes, bool)
+  return {
+      k: float(np.asarray(v)[0]) for k, v in fit_programs.evaluate_predictions(
+          data.targets_NxD, data, probes, jnp.asarray(np.stack([all_rows] * 3))).items()
+      if k in ("concept_acc", "object_acc")}
+
+
+def _row_line(row):
+  """The log line of one fit's row."""
+  return (f"{row['name']:>20} f={row['train_fraction']:.2f} seed={row['seed']}: best test-only "
+          f"object acc {row['best_test_object_acc']:.3f} (concept acc "
+          f"{row['test_concept_acc_at_best']:.3f}); test-only R² best "
+          f"{row['best_test_r2']:.3f}, final {row['final_test_only_r2']:.3f} (the original "
+          "reports the final)")
+
+
+def _write_outputs(workdir, rows, summary):
+  """results.csv, summary.csv, complexity.png and the results JSON of a run."""
   files.write_atomic(os.path.join(workdir, "results.csv"), results.rows_to_csv(rows))
   files.write_atomic(os.path.join(workdir, "summary.csv"),
-                     results.rows_to_csv(summary_rows, results.SUMMARY_COLUMNS))
+                     results.rows_to_csv(summary["summary"], results.SUMMARY_COLUMNS))
   figure.save_figure(rows, os.path.join(workdir, "complexity.png"))
-  files.write_json(results_path, files.to_jsonable(summary), indent=1)
-  return rows
+  files.write_json(os.path.join(workdir, RESULTS_FILE), files.to_jsonable(summary), indent=1)

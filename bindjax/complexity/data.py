@@ -35,7 +35,7 @@ class ComplexityData:
 @flax.struct.dataclass
 class OwnTargets:
   """Embeddings and probes of several models of the same scenes (leading axis M on every leaf):
-  a fit given one of them (`fitting.fit_grid`'s `own`) trains on and is scored by its own model's
+  a fit given one of them (`grid_fits.fit_grid`'s `own`) trains on and is scored by its own model's
   embeddings and probes, e.g. every replica of a sweep (docs/binding.md)."""
   targets_MxNxD: jax.Array
   sq_dev_MxN: jax.Array         # squared_deviation of each model's targets

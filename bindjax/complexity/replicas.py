@@ -8,10 +8,10 @@ checkpoint restore gives every replica's parameters (best or final, `extract.loa
 vmapped forward pass embeds every two-object scene of the bucket's objects with each replica's
 scene tower and gives each replica's concept and object probe vectors from its query tower
 (`extract.encode_replicas`). Then every family is fitted to every replica's embeddings by the
-complexity engine (`fitting.fit_grid` with `own` targets): one fit per replica, trained on the
+complexity engine (`grid_fits.fit_grid` with `own` targets): one fit per replica, trained on the
 scenes of that replica's training objects and scored by that replica's probes, so test-only
 scenes hold only objects the replica never saw. Fits of one family in a bucket run as one
-compiled batch per training-count group (`fitting.batches_by_count`).
+compiled batch per training-count group (`grid_fits.batches_by_count`).
 
 Replicas that diverged in training, or have no evaluation at the chosen step, are reported with
 that status and not fitted. Outputs (OUT): results.json (config, timings, every row, the rank
@@ -34,6 +34,7 @@ from bindjax.base import progress as progress_lib
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.complexity import fitting
+from bindjax.complexity import grid_fits
 from bindjax.complexity import results as complexity_results
 from bindjax.frozen import extract
 from bindjax.frozen.probes import linear
@@ -79,7 +80,7 @@ class BindingConfig(fitting.EngineConfig):
   fit: fitting.FitConfig = fitting.FitConfig()
   # Fits of one family whose training counts are within this factor run as one compiled batch
   # (inf: one batch per family and bucket, every replica padded to the largest count).
-  pad_ratio: float = fitting.PAD_RATIO
+  pad_ratio: float = grid_fits.PAD_RATIO
   encode_batch: int = 1024      # scenes per replica per forward pass
   # CPU hosts: -1 one single-threaded device per core, as config.sweep.cpu_devices of a sweep.
   cpu_devices: int = -1
@@ -200,18 +201,18 @@ def encode_bucket(loaded, positions, batch_size, mesh=None):
 
 def fit_replicas(sets, models, fit_config, learning_rate, fit_seed, mesh=None,
                  chunk_size=parallel.AUTO, memory_bytes=None, on_eval=None,
-                 pad_ratio=fitting.PAD_RATIO):
+                 pad_ratio=grid_fits.PAD_RATIO):
   """Fits every model to every embedding set (one bucket's replicas: the same scenes) on the
   set's own coverage split, scored by the set's own probes. Returns (complexity rows, model-major
-  then set order; fit infos). pad_ratio: as in `fitting.batches_by_count`."""
+  then set order; fit infos). pad_ratio: as in `grid_fits.batches_by_count`."""
   data, rows = data_lib.from_set(sets[0])
   own = data_lib.own_targets(np.stack([s.embeddings[rows] for s in sets]), stacked_probes(sets))
   splits = [data_lib.recorded_split(s) for s in sets]
-  entries = [fitting.GridEntry(model, split[1] / data.num_unique, fit_seed, learning_rate,
-                               split=split, own_index=i)
+  entries = [grid_fits.GridEntry(model, split[1] / data.num_unique, fit_seed, learning_rate,
+                                 split=split, own_index=i)
              for model in models for i, split in enumerate(splits)]
-  return fitting.fit_grid(entries, data, None, fit_config, mesh, chunk_size, memory_bytes,
-                          on_eval, own=own, pad_ratio=pad_ratio)
+  return grid_fits.fit_grid(entries, data, None, fit_config, mesh, chunk_size, memory_bytes,
+                            on_eval, own=own, pad_ratio=pad_ratio)
 
 
 def replica_row(coordinates, status, evaluation, diverged_step):

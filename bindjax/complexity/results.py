@@ -14,7 +14,8 @@ from bindjax.complexity import data as data_lib
 
 CSV_COLUMNS = (
     "name", "family", "train_fraction", "seed", "learning_rate", "schedule", "steps", "solver",
-    "identified", "identified_share", "num_parameters", "num_train_objects", "num_train_only_scenes", "num_test_only_scenes",
+    "identified", "identified_share", "num_parameters", "num_train_objects",
+    "num_train_only_scenes", "num_test_only_scenes",
     "num_mixed_scenes", "best_test_object_acc", "best_step", "test_concept_acc_at_best",
     "best_test_concept_acc", "best_test_r2", "final_step", "final_train_loss", "diverged",
     *[f"final_{m}_{k}" for k in ("concept_acc", "object_acc", "mse", "r2")

@@ -4,7 +4,7 @@ approximators (docs/complexity.md, "Trees").
 A non-neural check of the binding-function analysis: a random forest (or gradient boosting,
 one booster per output dimension, so only practical for small D) maps one-hot slot values to the
 embedding, is fitted on a split's train-only scenes and scored on all scenes with the frozen
-linear probes (`fitting.evaluate_predictions`).
+linear probes (`fit_programs.evaluate_predictions`).
 """
 import time
 
@@ -14,7 +14,7 @@ from sklearn import multioutput
 
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
-from bindjax.complexity import fitting
+from bindjax.complexity import fit_programs
 
 TREE_MODELS = ("random_forest", "gradient_boosting")
 
@@ -33,7 +33,7 @@ def make_regressor(kind, num_estimators, seed=0):
 def fit_trees(kind, data, probes, fractions, seeds, num_estimators, similarity="dot"):
   """Fits one tree model per (fraction, seed) and scores it like the neural approximators.
 
-  Returns result rows with the same keys as `fitting.fit_grid` rows (history of one
+  Returns result rows with the same keys as `grid_fits.fit_grid` rows (history of one
   evaluation, after fitting).
   """
   values = np.asarray(data.values_NxKxC)
@@ -49,7 +49,7 @@ def fit_trees(kind, data, probes, fractions, seeds, num_estimators, similarity="
     regressor.fit(features[masks[0]], targets[masks[0]])
     pred = regressor.predict(features).astype(np.float32)
     fit_s = time.perf_counter() - start
-    metrics = {k: np.asarray(v) for k, v in fitting.evaluate_predictions(
+    metrics = {k: np.asarray(v) for k, v in fit_programs.evaluate_predictions(
         pred, data, probes, masks, similarity).items()}
     test = data_lib.MASKS.index("test_only")
     row = {

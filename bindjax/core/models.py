@@ -1,4 +1,5 @@
-"""Scene and query towers and the dual encoder (docs/models.md, docs/objectives.md#similarity), in Flax linen.
+"""Scene and query towers and the dual encoder (docs/models.md, docs/objectives.md#similarity),
+in Flax linen. The settings are `model_config.ModelConfig`; the blocks are `layers`'.
 
 Two tower variants share one module:
   "pre_ln" (default): token embedding + fixed sinusoidal positions, pre-norm blocks with padding
@@ -25,166 +26,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-VARIANTS = ("pre_ln", "clip")
-SIMILARITIES = ("cosine", "dot")
-COMPUTE_DTYPES = ("float32", "bfloat16")
-PRODUCT_READOUTS = ("none", "query", "both")
-LAYER_NORM_EPS = 1e-5
+from bindjax.core import layers
+from bindjax.core import model_config
+
 NORM_EPS = 1e-6  # ẑ = z / (NORM_EPS + ‖z‖)
 SCANNED_BLOCKS, LAST_BLOCK = "blocks", "last_block"  # a tower's blocks when scanned
 
 
-def _check_int(name, value, minimum):
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise ValueError(f"ModelConfig.{name}={value!r}: expected an integer >= {minimum}")
-  if value < minimum:
-    raise ValueError(f"ModelConfig.{name}={value}: expected an integer >= {minimum}")
-
-
-def _check_choice(name, value, choices):
-  if value not in choices:
-    raise ValueError(f"ModelConfig.{name}={value!r}: expected one of {', '.join(choices)}")
-
-
-def _check_float(name, value, positive):
-  if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-    raise ValueError(f"ModelConfig.{name}={value!r}: expected a number")
-  if math.isnan(value) or (positive and not value > 0) or (not positive and math.isinf(value)):
-    expected = "a number > 0" if positive else "a finite number"
-    raise ValueError(f"ModelConfig.{name}={value}: expected {expected}")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Static model settings (hashable: a jit static argument). Validated on construction. The
-  defaults are the published model's (`train.default_config` takes them from here).
-
-  `d_ff` is the pre-LN feed-forward width; the "clip" variant uses 4·d_model (see `mlp_width`).
-  `compute_dtype="bfloat16"` runs matmuls in bfloat16 (params, norms, softmax and outputs stay
-  float32); meant for accelerators. `scan_layers` picks the parameter layout (module docstring);
-  both compute the same function.
-  """
-  vocab_size: int
-  pad_token: int
-  scene_length: int
-  query_length: int
-  d_model: int = 256
-  num_heads: int = 4
-  num_layers: int = 6
-  d_ff: int = 2048
-  d_out: int = 64
-  variant: str = "pre_ln"
-  similarity: str = "cosine"
-  tau_init: float = 1.15
-  train_logit_cap: float = 10.0
-  eval_logit_cap: float = 100.0
-  compute_dtype: str = "float32"
-  product_readout: str = "none"
-  scan_layers: bool = True
-
-  def __post_init__(self):
-    self.validate()
-
-  @classmethod
-  def for_space(cls, space, **overrides) -> "ModelConfig":
-    """Config whose vocabulary, PAD token and lengths come from an `ObjectSpace`."""
-    fields = dict(vocab_size=int(space.vocab_size), pad_token=int(space.pad_token),
-                  scene_length=int(space.scene_length), query_length=int(space.query_length))
-    fields.update(overrides)
-    return cls(**fields)
-
-  def validate(self) -> None:
-    """Raises ValueError naming the field, its value and what was expected."""
-    _check_int("vocab_size", self.vocab_size, 1)
-    _check_int("pad_token", self.pad_token, 0)
-    if self.pad_token >= self.vocab_size:
-      raise ValueError(f"ModelConfig.pad_token={self.pad_token}: expected a token id below "
-                       f"vocab_size={self.vocab_size}")
-    _check_int("scene_length", self.scene_length, 1)
-    _check_int("query_length", self.query_length, 1)
-    _check_int("d_model", self.d_model, 1)
-    _check_int("num_heads", self.num_heads, 1)
-    _check_int("num_layers", self.num_layers, 1)
-    _check_int("d_ff", self.d_ff, 1)
-    _check_int("d_out", self.d_out, 1)
-    _check_choice("variant", self.variant, VARIANTS)
-    _check_choice("similarity", self.similarity, SIMILARITIES)
-    _check_choice("compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
-    _check_choice("product_readout", self.product_readout, PRODUCT_READOUTS)
-    if self.product_readout != "none" and (
-        self.query_length < 4 or (self.scene_length - 1) % (self.query_length - 1)):
-      raise ValueError(
-          f"ModelConfig.product_readout={self.product_readout!r}: needs the token layout of "
-          f"bindjax.core.world (query_length = C + 3, scene_length = (C + 2)·K + 1), got "
-          f"query_length={self.query_length}, scene_length={self.scene_length}")
-    if self.d_model % self.num_heads:
-      raise ValueError(f"ModelConfig.num_heads={self.num_heads}: expected a divisor of "
-                       f"d_model={self.d_model}")
-    if self.variant == "pre_ln" and self.d_model % 2:
-      raise ValueError(f"ModelConfig.d_model={self.d_model}: the sinusoidal positions of the "
-                       "pre_ln variant need an even d_model")
-    _check_float("tau_init", self.tau_init, positive=False)
-    _check_float("train_logit_cap", self.train_logit_cap, positive=True)
-    _check_float("eval_logit_cap", self.eval_logit_cap, positive=True)
-    if not isinstance(self.scan_layers, bool):
-      raise ValueError(f"ModelConfig.scan_layers={self.scan_layers!r}: expected True or False")
-
-  @property
-  def head_dim(self) -> int:
-    return self.d_model // self.num_heads
-
-  @property
-  def mlp_width(self) -> int:
-    return 4 * self.d_model if self.variant == "clip" else self.d_ff
-
-  @property
-  def query_out_features(self) -> int:
-    """Query-tower output width: d_out, plus one per-query bias for dot similarity."""
-    return self.d_out + (1 if self.similarity == "dot" else 0)
-
-  @property
-  def dtype(self):
-    return jnp.dtype(self.compute_dtype)
-
-  @property
-  def num_concepts(self) -> int:
-    """C of the token layout (object query [SOO, tok_0 … tok_{C-1}, EOO, EOS])."""
-    return self.query_length - 3
-
-  @property
-  def soo_token(self) -> int:
-    """The start-of-object token, three below PAD in bindjax.core.world's vocabulary."""
-    return self.pad_token - 3
-
-  def has_product_readout(self, tower) -> bool:
-    """Whether `tower` ("scene" or "query") adds the per-object product read-out."""
-    return self.product_readout == "both" or (self.product_readout == "query" and
-                                               tower == "query")
-
-
 # ---------------------------------------------------------------------------------------------
-# Initialisers
-
-
-def _torch_linear_bias_init(fan_in):
-  """PyTorch nn.Linear's default bias init, U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
-  bound = 1.0 / math.sqrt(fan_in)
-
-  def init(key, shape, dtype=jnp.float32):
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-  return init
-
-
-_zeros = nn.initializers.zeros
-_xavier = nn.initializers.xavier_uniform()
+# Tower inputs
 
 
 def sinusoidal_positions(length, d_model) -> np.ndarray:
@@ -203,170 +59,13 @@ def eos_positions(tokens_BxL, pad_token):
   return jnp.max(jnp.where(tokens_BxL != pad_token, positions_L, 0), axis=-1)
 
 
-# ---------------------------------------------------------------------------------------------
-# Layers
-
-
-class Linear(nn.Module):
-  """y = x·W (+ b) with W [in, out]; `start`/`stop` compute only that column slice of y."""
-  in_features: int
-  features: int
-  kernel_init: Callable
-  bias_init: Callable | None
-  dtype: Any = jnp.float32
-
-  def setup(self):
-    self.kernel = self.param("kernel", self.kernel_init, (self.in_features, self.features))
-    self.bias = (None if self.bias_init is None else
-                 self.param("bias", self.bias_init, (self.features,)))
-
-  def weights(self, start=0, stop=None):
-    """(kernel [in, stop - start], bias or None) of the output columns start:stop."""
-    if start == 0 and stop is None:
-      return self.kernel, self.bias
-    return self.kernel[:, start:stop], None if self.bias is None else self.bias[start:stop]
-
-  def __call__(self, x_NxI, start=0, stop=None):
-    lead = x_NxI.shape[:-1]
-    kernel_IxO, bias_O = self.weights(start, stop)
-    # A 2-D matmul: the weight gradient then contracts a plain [N, I] matrix (no activation
-    # transposes in the backward pass).
-    x_NxI = x_NxI.reshape(-1, x_NxI.shape[-1]).astype(self.dtype)
-    y = jnp.dot(x_NxI, kernel_IxO.astype(self.dtype))
-    if bias_O is not None:
-      y = y + bias_O.astype(self.dtype)
-    return y.reshape(*lead, y.shape[-1])
-
-
-def _layer_norm(name):
-  return nn.LayerNorm(epsilon=LAYER_NORM_EPS, use_fast_variance=False, dtype=jnp.float32,
-                      name=name)
-
-
-class SelfAttention(nn.Module):
-  """Multi-head self-attention with one fused [d, 3d] q/k/v projection.
-
-  `query_positions_BxQ` selects which rows produce outputs (all rows, or just the EOS row);
-  keys/values always cover every position. Masks: padding keys, plus causal for "clip".
-  With few output rows (the readout block), the key and value projections are folded into
-  those rows instead of applied at every position: q·(W_k h + b_k) = (W_kᵀq)·h + q·b_k, where
-  softmax ignores q·b_k (the same for every key), and Σ p (W_v h + b_v) = W_v (Σ p h) + b_v.
-  Equal up to rounding; it removes the block's largest matmul, [B·L, d] × [d, 2d].
-  """
-  config: ModelConfig
-  qkv_init: Callable
-  out_init: Callable
-
-  @nn.compact
-  def __call__(self, h_BxLxD, key_valid_BxL, query_positions_BxQ=None):
-    cfg = self.config
-    d, num_heads, head_dim = cfg.d_model, cfg.num_heads, cfg.head_dim
-    batch, length = h_BxLxD.shape[:2]
-    qkv = Linear(d, 3 * d, self.qkv_init, _zeros, cfg.dtype, name="qkv")
-    scale = head_dim ** -0.5
-    if query_positions_BxQ is None:
-      qkv_BxLx3D = qkv(h_BxLxD)
-      q_BxQxD = qkv_BxLx3D[..., :d]
-      kv_BxLx2xHxK = qkv_BxLx3D[..., d:].reshape(batch, length, 2, num_heads, head_dim)
-      k_BxLxHxK, v_BxLxHxK = kv_BxLx2xHxK[:, :, 0], kv_BxLx2xHxK[:, :, 1]
-      query_positions_BxQ = jnp.broadcast_to(jnp.arange(length), (batch, length))
-
-      def scores(q_BxQxHxK):
-        return jnp.einsum("bqhk,blhk->bhql", q_BxQxHxK, k_BxLxHxK,
-                          preferred_element_type=jnp.float32) * scale
-
-      def mix(probs_BxHxQxL):
-        return jnp.einsum("bhql,blhk->bqhk", probs_BxHxQxL, v_BxLxHxK)
-    else:
-      h_BxQxD = jnp.take_along_axis(h_BxLxD, query_positions_BxQ[..., None], axis=1)
-      q_BxQxD = qkv(h_BxQxD, 0, d)
-      h_BxLxD = h_BxLxD.astype(cfg.dtype)
-      wk_DxD, _ = qkv.weights(d, 2 * d)
-      wv_DxD, bv_D = qkv.weights(2 * d, None)
-      wk_DxHxK = wk_DxD.reshape(d, num_heads, head_dim).astype(cfg.dtype)
-      wv_DxHxK = wv_DxD.reshape(d, num_heads, head_dim).astype(cfg.dtype)
-
-      def scores(q_BxQxHxK):
-        qk_BxQxHxD = jnp.einsum("bqhk,dhk->bqhd", q_BxQxHxK, wk_DxHxK)
-        return jnp.einsum("bqhd,bld->bhql", qk_BxQxHxD, h_BxLxD,
-                          preferred_element_type=jnp.float32) * scale
-
-      def mix(probs_BxHxQxL):
-        mixed_BxQxHxD = jnp.einsum("bhql,bld->bqhd", probs_BxHxQxL, h_BxLxD)
-        return (jnp.einsum("bqhd,dhk->bqhk", mixed_BxQxHxD, wv_DxHxK) +
-                bv_D.reshape(num_heads, head_dim).astype(cfg.dtype))
-    num_queries = q_BxQxD.shape[1]
-    scores_BxHxQxL = scores(q_BxQxD.reshape(batch, num_queries, num_heads, head_dim))
-    allowed_BxQxL = jnp.broadcast_to(key_valid_BxL[:, None, :], (batch, num_queries, length))
-    if cfg.variant == "clip":
-      allowed_BxQxL = allowed_BxQxL & (jnp.arange(length)[None, None, :]
-                                       <= query_positions_BxQ[:, :, None])
-    # A finite minimum keeps a row with no allowed key finite (uniform) instead of NaN.
-    scores_BxHxQxL = jnp.where(allowed_BxQxL[:, None], scores_BxHxQxL,
-                               jnp.finfo(jnp.float32).min)
-    probs_BxHxQxL = jax.nn.softmax(scores_BxHxQxL, axis=-1).astype(cfg.dtype)
-    out_BxQxHxK = mix(probs_BxHxQxL)
-    out_BxQxD = out_BxQxHxK.reshape(batch, num_queries, d)
-    return Linear(d, d, self.out_init, _zeros, cfg.dtype, name="out")(out_BxQxD)
-
-
-class Block(nn.Module):
-  """Pre-norm block: x += MHA(LN(x)); x += MLP(LN(x)). With `readout_B`, returns only that row."""
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self, x_BxLxD, key_valid_BxL, readout_B=None):
-    cfg = self.config
-    d = cfg.d_model
-    if cfg.variant == "clip":
-      attn_std = d ** -0.5
-      proj_std = d ** -0.5 * (2 * cfg.num_layers) ** -0.5
-      qkv_init = nn.initializers.normal(attn_std)
-      out_init = nn.initializers.normal(proj_std)
-      fc1_init = nn.initializers.normal((2 * d) ** -0.5)
-      fc2_init = nn.initializers.normal(proj_std)
-    else:
-      qkv_init = out_init = fc1_init = fc2_init = _xavier
-
-    query_positions_BxQ = None if readout_B is None else readout_B[:, None]
-    h_BxLxD = _layer_norm("attn_norm")(x_BxLxD)
-    attn_BxQxD = SelfAttention(cfg, qkv_init, out_init, name="attn")(
-        h_BxLxD, key_valid_BxL, query_positions_BxQ)
-    if readout_B is not None:
-      x_BxLxD = jnp.take_along_axis(x_BxLxD, query_positions_BxQ[..., None], axis=1)
-    x_BxQxD = x_BxLxD + attn_BxQxD
-
-    h_BxQxD = _layer_norm("mlp_norm")(x_BxQxD)
-    h_BxQxF = MLP(cfg, fc1_init, fc2_init, name="mlp")(h_BxQxD)
-    x_BxQxD = x_BxQxD + h_BxQxF
-    return x_BxQxD if readout_B is None else x_BxQxD[:, 0]
-
-
-class MLP(nn.Module):
-  config: ModelConfig
-  fc1_init: Callable
-  fc2_init: Callable
-
-  @nn.compact
-  def __call__(self, h_NxD):
-    cfg = self.config
-    d, width = cfg.d_model, cfg.mlp_width
-    h_NxF = Linear(d, width, self.fc1_init, _torch_linear_bias_init(d), cfg.dtype, name="fc1")(h_NxD)
-    if cfg.variant == "clip":
-      h_NxF = h_NxF * jax.nn.sigmoid(1.702 * h_NxF)  # QuickGELU
-    else:
-      h_NxF = jax.nn.gelu(h_NxF, approximate=False)
-    return Linear(width, d, self.fc2_init, _torch_linear_bias_init(width), cfg.dtype,
-                  name="fc2")(h_NxF)
-
-
 class Tower(nn.Module):
   """tokens_BxL (int) -> z_BxO: the encoder read out at the EOS (last non-PAD) position.
 
   `max_length` sizes the learned positions of the "clip" variant (inputs may be shorter);
   the sinusoidal positions of "pre_ln" take any length.
   """
-  config: ModelConfig
+  config: model_config.ModelConfig
   out_features: int
   max_length: int
   product_readout: bool = False
@@ -383,7 +82,7 @@ class Tower(nn.Module):
       raise ValueError(f"Tower: token length {length} exceeds max_length={self.max_length} "
                        "(the number of learned positions of the clip variant)")
 
-    embed_init = nn.initializers.normal(0.02) if clip else _xavier
+    embed_init = nn.initializers.normal(0.02) if clip else layers.XAVIER_UNIFORM
     x_BxLxD = nn.Embed(cfg.vocab_size, d, embedding_init=embed_init, name="embed")(tokens_BxL)
     if clip:
       positions_LxD = self.param("pos_embedding", nn.initializers.normal(0.01),
@@ -398,14 +97,14 @@ class Tower(nn.Module):
     product_BxD = (ObjectProduct(cfg, name="product")(x_BxLxD, tokens_BxL)
                    if self.product_readout else None)
     last_name = LAST_BLOCK if cfg.scan_layers else f"block_{cfg.num_layers - 1}"
-    x_BxD = Block(cfg, name=last_name)(x_BxLxD, key_valid_BxL, eos_B)
+    x_BxD = layers.Block(cfg, name=last_name)(x_BxLxD, key_valid_BxL, eos_B)
     if clip:
-      x_BxD = _layer_norm("final_norm")(x_BxD)
-      proj = Linear(d, self.out_features, nn.initializers.normal(d ** -0.5), None, cfg.dtype,
-                    name="proj")
+      x_BxD = layers.layer_norm("final_norm")(x_BxD)
+      proj = layers.Linear(d, self.out_features, nn.initializers.normal(d ** -0.5), None,
+                           cfg.dtype, name="proj")
     else:
-      proj = Linear(d, self.out_features, _xavier, _torch_linear_bias_init(d), cfg.dtype,
-                    name="proj")
+      proj = layers.Linear(d, self.out_features, layers.XAVIER_UNIFORM,
+                           layers.torch_linear_bias_init(d), cfg.dtype, name="proj")
     if product_BxD is not None:
       x_BxD = x_BxD + product_BxD
     return proj(x_BxD).astype(jnp.float32)
@@ -416,13 +115,13 @@ class Tower(nn.Module):
     num_full = cfg.num_layers - 1
     if not cfg.scan_layers:
       for i in range(num_full):
-        x_BxLxD = Block(cfg, name=f"block_{i}")(x_BxLxD, key_valid_BxL)
+        x_BxLxD = layers.Block(cfg, name=f"block_{i}")(x_BxLxD, key_valid_BxL)
       return x_BxLxD
     if not num_full:
       return x_BxLxD
     scanned = nn.scan(_scan_step, variable_axes={"params": 0}, split_rngs={"params": True},
                       in_axes=nn.broadcast, length=num_full)
-    x_BxLxD, _ = scanned(Block(cfg, name=SCANNED_BLOCKS), x_BxLxD, key_valid_BxL)
+    x_BxLxD, _ = scanned(layers.Block(cfg, name=SCANNED_BLOCKS), x_BxLxD, key_valid_BxL)
     return x_BxLxD
 
 
@@ -440,7 +139,7 @@ class ObjectProduct(nn.Module):
   the last block (the embeddings when there is one block); the sum of products is added to the
   EOS row before the output projection. Sequences without objects (concept queries) get 0.
   """
-  config: ModelConfig
+  config: model_config.ModelConfig
 
   @nn.compact
   def __call__(self, h_BxLxD, tokens_BxL):
@@ -451,10 +150,11 @@ class ObjectProduct(nn.Module):
     starts_K = np.arange(num_objects) * stride
     present_BxK = tokens_BxL[:, starts_K] == cfg.soo_token
     positions_KxC = starts_K[:, None] + 1 + np.arange(c)[None, :]
-    h_BxKxCxD = _layer_norm("norm")(h_BxLxD[:, positions_KxC.reshape(-1)]).reshape(
+    h_BxKxCxD = layers.layer_norm("norm")(h_BxLxD[:, positions_KxC.reshape(-1)]).reshape(
         h_BxLxD.shape[0], num_objects, c, d)
+    codes_CxDxD = self.param("codes", layers.XAVIER_UNIFORM, (c, d, d))
     codes_BxKxCxD = jnp.einsum("bkcd,cde->bkce", h_BxKxCxD.astype(cfg.dtype),
-                               self.param("codes", _xavier, (c, d, d)).astype(cfg.dtype))
+                               codes_CxDxD.astype(cfg.dtype))
     product_BxKxD = jnp.prod(codes_BxKxCxD.astype(jnp.float32), axis=2)
     return jnp.einsum("bkd,bk->bd", product_BxKxD, present_BxK.astype(jnp.float32))
 
@@ -465,7 +165,7 @@ class DualEncoder(nn.Module):
   τ exists for both similarities (so every parameter tree has the same keys) but only cosine
   uses it. Use `model.apply({"params": params}, tokens, method=DualEncoder.encode_scenes)`.
   """
-  config: ModelConfig
+  config: model_config.ModelConfig
 
   def setup(self):
     cfg = self.config
@@ -492,7 +192,8 @@ class DualEncoder(nn.Module):
 
 
 def similarity_logits(config, tau, z_BxD, q_QxD, cap):
-  """Cosine (docs/objectives.md#similarity): min(exp τ, cap)·ẑ·q̂ᵀ, or dot z·q[:, :-1]ᵀ + q[:, -1]."""
+  """Cosine (docs/objectives.md#similarity): min(exp τ, cap)·ẑ·q̂ᵀ, or dot
+  z·q[:, :-1]ᵀ + q[:, -1]."""
   z_BxD = z_BxD.astype(jnp.float32)
   q_QxD = q_QxD.astype(jnp.float32)
   if config.similarity == "dot":
@@ -515,7 +216,7 @@ def paired_logits(config, tau, z_BxD, q_BxNxD, cap):
 
 
 @functools.partial(jax.jit, static_argnums=1)
-def init_params(key, config: ModelConfig):
+def init_params(key, config: model_config.ModelConfig):
   """Fresh DualEncoder parameters {"scene_tower", "query_tower", "tau"} (no "params" wrapper).
 
   Drawn in the per-layer layout and stacked, so a seed gives the same initial weights in either
@@ -577,7 +278,7 @@ def count_parameters(params) -> int:
   return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(params)))
 
 
-def tower_activation_floats(config: ModelConfig, num_sequences, length) -> int:
+def tower_activation_floats(config: model_config.ModelConfig, num_sequences, length) -> int:
   """Float32 activations one tower's backward pass keeps for num_sequences sequences of `length`
   (a rough count, for automatic chunking): per block the attention scores, q/k/v, MLP hidden,
   norms and residuals."""
@@ -586,7 +287,7 @@ def tower_activation_floats(config: ModelConfig, num_sequences, length) -> int:
   return num_sequences * per_block * config.num_layers
 
 
-def tower_flops(config: ModelConfig, num_sequences, length, out_features=None,
+def tower_flops(config: model_config.ModelConfig, num_sequences, length, out_features=None,
                 tower=None) -> int:
   """Forward FLOPs (2·multiply-adds) of the matmuls one tower executes, attention included.
 

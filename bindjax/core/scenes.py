@@ -12,10 +12,11 @@ padded to static maxima and carry masks:
     i != j and a concept c, object i with concept c taken from object j), (c) optional built
     negatives (uniform over all objects, per positive).
 
-Distinct sets: first occurrences through a table indexed by object id (a scatter-min; a sort
-above 2^20 objects); random subsets by one sort of random priorities given to first occurrences;
-labels by scattering each scene's objects into the columns of their queries. All random numbers
-of a batch come from one counter-mode threefry call (fast to compile and to run).
+Distinct sets (`bindjax.core.distinct_sets`): first occurrences through a table indexed by
+object id (a scatter-min; a sort above 2^20 objects); random subsets by one sort of random
+priorities given to first occurrences; labels by scattering each scene's objects into the
+columns of their queries. All random numbers of a batch come from one counter-mode threefry
+call (fast to compile and to run).
 """
 import dataclasses
 import functools
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bindjax.core import distinct_sets
 from bindjax.core import world
 
 SPLITS = ("train", "test")
@@ -35,11 +37,12 @@ TRAIN_QUERIES = ("all", "train")
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
   """Static sampler settings (hashable: a static jit argument). The defaults are the published
-  run's (`train.default_config` takes them from here).
+  run's (`run_spec.default_config` takes them from here).
 
-  swap_concepts: "any" draws the swapped concept uniformly (docs/sampling.md#object-queries; when both objects share that
-  value the "negative" is the source object itself); "differing" draws it among the concepts where
-  the two objects differ, and makes no swap negative for two identical objects.
+  swap_concepts: "any" draws the swapped concept uniformly (docs/sampling.md#object-queries;
+  when both objects share that value the "negative" is the source object itself); "differing"
+  draws it among the concepts where the two objects differ, and makes no swap negative for two
+  identical objects.
   train_queries: which objects training batches may query. "all" (the original code's default):
   any object, so a swap negative can be a held-out object. "train": training objects only;
   built negatives are drawn from the training objects and swap negatives that are held-out
@@ -180,82 +183,6 @@ def _random_words(key, space, sampler):
   return {name: piece.reshape(shape) for (name, shape), piece in zip(layout.items(), pieces)}
 
 
-# Distinct-set helpers. Tables indexed by object id (scatter/gather, O(n)) are used up to this
-# many objects; above it, sorts and comparisons (independent of |O|).
-TABLE_LIMIT = 1 << 20
-# Random subsets sort uint32 keys with the position in this many low bits at most (top_k above).
-MAX_INDEX_BITS = 20
-
-
-def first_occurrences(ids_N, num_objects, table_limit=TABLE_LIMIT):
-  """bool [N]: entry holds a valid id (in [0, num_objects)) seen at no earlier position; by a
-  table indexed by id up to `table_limit` objects, by a sort above (a lower `table_limit` takes
-  the sort with fewer objects)."""
-  n = ids_N.shape[0]
-  position_N = jnp.arange(n, dtype=jnp.int32)
-  valid_N = (ids_N >= 0) & (ids_N < num_objects)
-  ids_N = jnp.where(valid_N, ids_N, num_objects)
-  if num_objects <= table_limit:
-    first_O = jnp.full((num_objects + 1,), n, jnp.int32).at[ids_N].min(position_N)
-    return valid_N & (first_O[ids_N] == position_N)
-  order_N = jnp.argsort(ids_N, stable=True)
-  sorted_N = ids_N[order_N]
-  starts_N = jnp.concatenate([jnp.ones((1,), bool), sorted_N[1:] != sorted_N[:-1]])
-  return valid_N & jnp.zeros((n,), bool).at[order_N].set(starts_N)
-
-
-def random_subset(words_N, keep_N, size, max_index_bits=MAX_INDEX_BITS):
-  """A uniformly random subset of at most `size` kept positions: (positions [size], valid);
-  `words_N` holds one random uint32 per position; top_k when a position needs more than
-  `max_index_bits` bits.
-
-  One single-operand sort of uint32 keys (random priority in the high bits, position in the low
-  bits), which on CPU is several times cheaper than top_k's key-value sort. Equal priorities are
-  broken by position, which only matters at the cut-off and is itself random when positions are.
-  """
-  n = keep_N.shape[0]
-  index_bits = max(1, (n - 1).bit_length())
-  if index_bits > max_index_bits:
-    priority_N = jnp.where(keep_N, (words_N >> 1).astype(jnp.int32), -1)
-    top, position = jax.lax.top_k(priority_N, size)
-    return position, top >= 0
-  position_N = jnp.arange(n, dtype=jnp.uint32)
-  high_N = ((words_N >> index_bits) | 1) << index_bits     # never 0 for kept positions
-  sort_key_N = jnp.where(keep_N, high_N | position_N, position_N)
-  top = jnp.sort(sort_key_N)[::-1][:size]
-  position = (top & ((1 << index_bits) - 1)).astype(jnp.int32)
-  return position, (top >> index_bits) > 0
-
-
-def _compact(ids_N, keep_N, size, fill):
-  """The kept ids moved to the front of a [size] array (size >= number kept), rest `fill`."""
-  target_N = jnp.where(keep_N, jnp.cumsum(keep_N) - 1, size)
-  return jnp.full((size,), fill, ids_N.dtype).at[target_N].set(ids_N, mode="drop")
-
-
-def _scatter_rows(columns_BxN, num_columns, dtype):
-  """[B, num_columns] with a one at (b, columns[b, n]); columns >= num_columns are dropped."""
-  rows_BxN = jnp.broadcast_to(
-      jnp.arange(columns_BxN.shape[0], dtype=jnp.int32)[:, None], columns_BxN.shape)
-  return jnp.zeros((columns_BxN.shape[0], num_columns), dtype).at[rows_BxN, columns_BxN].set(
-      1, mode="drop")
-
-
-def membership_labels(ids_BxK, query_ids_Q, query_mask_Q, num_objects, table_limit=TABLE_LIMIT):
-  """float32 [B, Q]: 1 where masked-in query q is one of the objects of scene b (ids < 0 are
-  empty slots); by a table indexed by id up to `table_limit` objects, by comparisons above."""
-  q = query_ids_Q.shape[0]
-  if num_objects > table_limit:
-    hits_BxQ = jnp.any(ids_BxK[:, :, None] == query_ids_Q[None, None, :], axis=1)
-    return (hits_BxQ & query_mask_Q[None, :]).astype(jnp.float32)
-  # Column of each object id among the queries (q: none), then one scatter per scene slot.
-  column_O = jnp.full((num_objects + 1,), q, jnp.int32).at[
-      jnp.where(query_mask_Q, query_ids_Q, num_objects)].set(jnp.arange(q, dtype=jnp.int32))
-  column_O = column_O.at[num_objects].set(q)
-  column_BxK = column_O[jnp.where(ids_BxK >= 0, ids_BxK, num_objects)]
-  return _scatter_rows(column_BxK, q, jnp.float32)
-
-
 def _draw_scenes(words, permutation_O, num_train, space, split):
   """Scene objects: counts uniform in 1..K, objects uniform with replacement from the pool."""
   k = space.max_objects
@@ -280,8 +207,8 @@ def _concept_queries(words, objects_BxKxC, slot_mask_BxK, space, sampler):
   num_tokens = space.num_concept_tokens
   tokens_BxKxC = jnp.where(slot_mask_BxK[..., None], space.concept_tokens(objects_BxKxC),
                            num_tokens)
-  present_BxT = _scatter_rows(tokens_BxKxC.reshape(tokens_BxKxC.shape[0], -1), num_tokens,
-                              jnp.float32)
+  tokens_BxKC = tokens_BxKxC.reshape(tokens_BxKxC.shape[0], -1)
+  present_BxT = distinct_sets.scatter_rows(tokens_BxKC, num_tokens, jnp.float32)
   batch_present_T = jnp.any(present_BxT > 0, axis=0)
   num_queries = sampler.num_concept_queries(space)
   if num_queries == num_tokens:
@@ -289,7 +216,7 @@ def _concept_queries(words, objects_BxKxC, slot_mask_BxK, space, sampler):
     mask_Qc = batch_present_T
     labels_BxQc = present_BxT          # absent tokens are masked and all-zero columns already
   else:
-    token_Qc, mask_Qc = random_subset(words["concept"], batch_present_T, num_queries)
+    token_Qc, mask_Qc = distinct_sets.random_subset(words["concept"], batch_present_T, num_queries)
     labels_BxQc = jnp.where(mask_Qc[None, :], jnp.take(present_BxT, token_Qc, axis=1), 0.0)
   query_tokens_QcxLq = jnp.asarray(space.concept_query_tokens())[token_Qc]
   return query_tokens_QcxLq, mask_Qc, labels_BxQc
@@ -298,8 +225,8 @@ def _concept_queries(words, objects_BxKxC, slot_mask_BxK, space, sampler):
 def _positive_candidates(words, ids_BxK, space, sampler):
   """A random subset of the distinct scene objects; `|O|` marks an empty slot."""
   ids_N = ids_BxK.reshape(-1)
-  first_N = first_occurrences(ids_N, space.num_objects)
-  position_P, valid_P = random_subset(words["positive"], first_N,
+  first_N = distinct_sets.first_occurrences(ids_N, space.num_objects)
+  position_P, valid_P = distinct_sets.random_subset(words["positive"], first_N,
                                        sampler.num_positive_queries(space))
   return jnp.where(valid_P, ids_N[position_P], space.num_objects)
 
@@ -368,16 +295,16 @@ def _object_queries(words, count_B, ids_BxK, objects_BxKxC, permutation_O, num_t
     built_PxN = jnp.where(positive_P[:, None] < sentinel, built_PxN, sentinel)
     candidates.append(built_PxN.reshape(-1))
   candidates_N = jnp.concatenate(candidates)
-  first_N = first_occurrences(candidates_N, sentinel)
+  first_N = distinct_sets.first_occurrences(candidates_N, sentinel)
   num_queries = sampler.num_object_queries(space)
   if num_queries < candidates_N.shape[0]:
     # More candidate slots than objects: move the distinct ids to the front.
-    ids_Qo = _compact(candidates_N, first_N, num_queries, -1)
+    ids_Qo = distinct_sets.compact(candidates_N, first_N, num_queries, -1)
     mask_Qo = ids_Qo >= 0
   else:
     mask_Qo = first_N
     ids_Qo = jnp.where(mask_Qo, candidates_N, -1)
-  labels_BxQo = membership_labels(ids_BxK, ids_Qo, mask_Qo, space.num_objects)
+  labels_BxQo = distinct_sets.membership_labels(ids_BxK, ids_Qo, mask_Qo, space.num_objects)
   tokens_QoxLq = space.object_query_tokens(jnp.maximum(ids_Qo, 0))
   return tokens_QoxLq, ids_Qo, mask_Qo, labels_BxQo
 

@@ -1,8 +1,9 @@
 """EmbeddingSet: frozen scene embeddings with their scenes, validation and a native format.
 
 Import it through `bindjax.frozen.embeddings`, which also opens every kind of embedding source; this
-module sits below the readers of other formats (bindjax.frozen.compat.reference, bindjax.frozen.tfds_builder),
-which build EmbeddingSets. Semantics: docs/frozen.md; format: docs/file_formats.md#native-format.
+module sits below the readers of other formats (bindjax.frozen.compat.reference,
+bindjax.frozen.tfds_builder), which build EmbeddingSets. Semantics: docs/frozen.md; format:
+docs/file_formats.md#native-format.
 
 Native format: a directory holding `embeddings.npz` (arrays: embeddings, objects, num_objects and
 probe_<name> for each probe) and `metadata.json` (values_per_concept, names, captions,
@@ -103,12 +104,21 @@ class EmbeddingSet:
 
     Raises ValueError naming the field, the offending value and what was expected.
     """
+    self._validate_arrays()
+    self._validate_names()
+    self._validate_probes()
+    if not isinstance(self.provenance, dict):
+      raise ValueError(f"provenance: expected a dict, got {type(self.provenance).__name__}")
+    return self
+
+  def _validate_arrays(self):
+    """`validate` of the embeddings, objects and counts."""
     e, o, n = self.embeddings, self.objects, self.num_objects
     if e.ndim != 2 or e.shape[1] < 1:
       raise ValueError(f"embeddings: expected a [N, D] array, got shape {e.shape}")
     if e.dtype != np.float32:
       raise ValueError(f"embeddings: expected float32, got {e.dtype}")
-    num, dim = e.shape
+    num = e.shape[0]
     if not self.values_per_concept or min(self.values_per_concept) < 1:
       raise ValueError(f"values_per_concept: expected positive counts, got "
                        f"{self.values_per_concept}")
@@ -128,7 +138,12 @@ class EmbeddingSet:
     if bad_rows.size:
       raise ValueError(f"embeddings: {bad_rows.size} rows contain NaN or inf: rows "
                        f"{_rows(bad_rows)}")
-    present = np.arange(k)[None, :] < n[:, None]  # [N, K]
+    self._validate_objects()
+
+  def _validate_objects(self):
+    """`validate` of the object slots: -1 past each scene's count, values in range below it."""
+    o, n = self.objects, self.num_objects
+    present = np.arange(o.shape[1])[None, :] < n[:, None]  # [N, K]
     if np.any(o[~present] != -1):
       rows = np.flatnonzero(np.any((o != -1) & ~present[:, :, None], axis=(1, 2)))
       raise ValueError(f"objects: slots past num_objects must be -1 (padding); rows "
@@ -142,6 +157,10 @@ class EmbeddingSet:
           f"objects: value {o[row, slot, concept]} of concept {concept} (scene {row}, object "
           f"{slot}) is out of range 0..{limits[concept] - 1} given values_per_concept="
           f"{list(self.values_per_concept)}; rows {_rows(rows)}")
+
+  def _validate_names(self):
+    """`validate` of the concept and value names and the captions."""
+    c, num = len(self.values_per_concept), self.embeddings.shape[0]
     if self.concept_names is not None and len(self.concept_names) != c:
       raise ValueError(f"concept_names: expected {c} names, got {len(self.concept_names)}")
     if self.value_names is not None:
@@ -152,6 +171,10 @@ class EmbeddingSet:
     if self.captions is not None and len(self.captions) != num:
       raise ValueError(f"captions: expected {num} captions (one per scene), got "
                        f"{len(self.captions)}")
+
+  def _validate_probes(self):
+    """`validate` of the probes: [rows, D], finite, one row per value or distinct object."""
+    c, dim = len(self.values_per_concept), self.embeddings.shape[1]
     num_unique = None
     for name, probe in self.probes.items():
       if probe.ndim != 2 or probe.shape[1] != dim:
@@ -171,9 +194,6 @@ class EmbeddingSet:
         expected = num_unique
       if expected is not None and probe.shape[0] != expected:
         raise ValueError(f"probes[{name!r}]: expected {expected} rows, got {probe.shape[0]}")
-    if not isinstance(self.provenance, dict):
-      raise ValueError(f"provenance: expected a dict, got {type(self.provenance).__name__}")
-    return self
 
   # ---------------------------------------------------------------- objects
   def object_ids(self):

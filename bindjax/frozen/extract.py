@@ -27,6 +27,8 @@ import numpy as np
 
 from bindjax.base import errors
 from bindjax.base import files
+from bindjax.core import coverage_splits
+from bindjax.core import model_config
 from bindjax.core import models
 from bindjax.core import world
 from bindjax.frozen import embeddings
@@ -39,9 +41,9 @@ CHECKPOINTS = ("best", "latest")
 class TrainedModel:
   """Parameters of a dual encoder with the object space and split it was trained on."""
   params: dict
-  model: models.ModelConfig
+  model: model_config.ModelConfig
   space: world.ObjectSpace
-  split: world.CoverageSplit | None
+  split: coverage_splits.CoverageSplit | None
   step: int
   source: dict
 
@@ -75,9 +77,9 @@ class TrainedBucket:
   """Parameters of every replica of one sweep bucket (leading axis R, in bucket order), with
   the object space, each replica's coverage split and the step its parameters are from."""
   params: dict
-  model: models.ModelConfig
+  model: model_config.ModelConfig
   space: world.ObjectSpace
-  splits: list          # world.CoverageSplit per replica
+  splits: list          # coverage_splits.CoverageSplit per replica
   steps: np.ndarray     # int [R]
   checkpoints: list     # "best" or "latest" per replica (what its parameters are)
   replicas: list        # the sweep's Replica of each row
@@ -286,7 +288,7 @@ def load_reference(path, values_per_concept=None, split_path=None):
   if not os.path.exists(path):
     raise ValueError(f"checkpoint file {path} does not exist")
   params, fields, step = torch_checkpoint.load_reference_checkpoint(path)
-  model = models.ModelConfig(**fields)
+  model = model_config.ModelConfig(**fields)
   num_concepts = model.query_length - 3
   num_tokens = model.vocab_size - 4
   if num_concepts < 1 or (model.scene_length - 1) % (num_concepts + 2):
@@ -304,7 +306,7 @@ def load_reference(path, values_per_concept=None, split_path=None):
     raise ValueError(f"values_per_concept={list(values_per_concept)}: the checkpoint has "
                      f"{num_concepts} concepts and {num_tokens} concept tokens")
   space = world.ObjectSpace(values_per_concept, max_objects)
-  split = world.CoverageSplit.load(split_path, space) if split_path else None
+  split = coverage_splits.CoverageSplit.load(split_path, space) if split_path else None
   params = jax.tree_util.tree_map(jnp.asarray, params)
   return TrainedModel(params=params, model=model, space=space, split=split, step=step,
                       source={"source": "reference_checkpoint", "checkpoint_file":
@@ -373,7 +375,7 @@ def pair_scenes(space, ids_U, single_objects=False):
   optionally preceded by each object alone (docs/extraction.md, "Scenes")."""
   values_UxC = space.object_values(ids_U)
   num_u, num_c = len(ids_U), space.num_concepts
-  first_P, second_P = world.ordered_pairs(num_u)
+  first_P, second_P = coverage_splits.ordered_pairs(num_u)
   objects_NxKxC = np.full((num_u * num_u, space.max_objects, num_c), -1, np.int32)
   objects_NxKxC[:, 0] = values_UxC[first_P]
   objects_NxKxC[:, 1] = values_UxC[second_P]

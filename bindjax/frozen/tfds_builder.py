@@ -98,6 +98,26 @@ def _example(part, block):
   }
 
 
+def _checked_chunks(chunks, stats, values_per_concept, dim, max_objects):
+  """Yields the chunks, each validated against the set's shape and the captions of the chunks
+  before it; counts rows and notes captions in `stats` as it goes."""
+  for i, chunk in enumerate(chunks):
+    chunk.validate()
+    if (chunk.values_per_concept != values_per_concept or chunk.dim != dim or
+        chunk.max_objects != max_objects):
+      raise ValueError(
+          f"chunk {i}: values_per_concept={list(chunk.values_per_concept)}, dim={chunk.dim}, "
+          f"max_objects={chunk.max_objects}; expected {list(values_per_concept)}, {dim}, "
+          f"{max_objects}")
+    has_captions = chunk.captions is not None
+    if stats["captions"] not in (None, has_captions):
+      raise ValueError(f"chunk {i}: captions {'present' if has_captions else 'missing'}, "
+                       "unlike the chunks before it")
+    stats["rows"] += chunk.num_scenes
+    stats["captions"] = has_captions
+    yield chunk
+
+
 def write_chunks(chunks, out_dir, *, values_per_concept, dim, max_objects, concept_names=None,
                  value_names=None, provenance=None, probes=None, rows_per_example=1024,
                  overwrite=False):
@@ -120,27 +140,10 @@ def write_chunks(chunks, out_dir, *, values_per_concept, dim, max_objects, conce
     if probe.ndim != 2 or probe.shape[1] != dim:
       raise ValueError(f"probes[{name!r}]: expected [rows, {dim}], got {probe.shape}")
   stats = {"rows": 0, "captions": None}
-
-  def checked():
-    for i, chunk in enumerate(chunks):
-      chunk.validate()
-      if (chunk.values_per_concept != values_per_concept or chunk.dim != dim or
-          chunk.max_objects != max_objects):
-        raise ValueError(
-            f"chunk {i}: values_per_concept={list(chunk.values_per_concept)}, dim={chunk.dim}, "
-            f"max_objects={chunk.max_objects}; expected {list(values_per_concept)}, {dim}, "
-            f"{max_objects}")
-      has_captions = chunk.captions is not None
-      if stats["captions"] not in (None, has_captions):
-        raise ValueError(f"chunk {i}: captions {'present' if has_captions else 'missing'}, "
-                         "unlike the chunks before it")
-      stats["rows"] += chunk.num_scenes
-      stats["captions"] = has_captions
-      yield chunk
-
   tmp = embeddings_lib.new_temp_dir(out_dir)
   try:
-    builder = BindjaxEmbeddings(chunks=checked(), dim=dim, max_objects=max_objects,
+    checked = _checked_chunks(chunks, stats, values_per_concept, dim, max_objects)
+    builder = BindjaxEmbeddings(chunks=checked, dim=dim, max_objects=max_objects,
                                 num_concepts=len(values_per_concept),
                                 rows_per_example=rows_per_example, data_dir=tmp,
                                 file_format="array_record")

@@ -1,10 +1,10 @@
 """The replica engine: how stacked replicas (independent models on a leading axis R) are placed on
 a mesh, chunked to fit in memory and compiled ahead of time.
 
-Its callers are the sweep's bucket programs (`bindjax.training.bucket_programs`), the complexity fits
-(`bindjax.complexity.fitting`) and the sweep-wide encoding (`bindjax.complexity.replicas`). Their
-per-replica functions stay pure and their own; the engine only pads, shards, picks a chunk size
-and compiles:
+Its callers are the sweep's bucket programs (`bindjax.training.bucket_programs`), the complexity
+fits (`bindjax.complexity.fitting`) and the sweep-wide encoding (`bindjax.complexity.replicas`).
+Their per-replica functions stay pure and their own; the engine only pads, shards, picks a chunk
+size and compiles:
 
   place(tree, mesh)          pad R to the mesh's replica shards, shard it; (tree, valid_R)
   auto_chunk(mesh, R, bytes) replicas at a time so a chunk fits in device memory (None: all)

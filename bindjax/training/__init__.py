@@ -1,1 +1,1 @@
-"""Training sweeps: grid, bucket packing, bucket programs, step, sweep loop."""
+"""Training sweeps: run settings, grid, bucket packing, bucket programs, step, sweep loop."""

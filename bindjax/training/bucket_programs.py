@@ -1,5 +1,6 @@
 """A bucket's compiled programs: its replicas' train step, evaluation and state, vmapped over the
-replica axis and compiled ahead of time on the mesh by the replica engine (`bindjax.runtime.engine`).
+replica axis and compiled ahead of time on the mesh by the replica engine
+(`bindjax.runtime.engine`).
 
 Each bucket (`bindjax.training.grid.Bucket`) trains in ONE compiled program, vmap(train_step) over a
 leading replica axis in a loop of as many steps as it is asked for, sharded along the mesh's

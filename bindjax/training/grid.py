@@ -13,10 +13,10 @@
 comma list or a single value is enough: --config.grid.seeds=0,1,2.)
 
 The grid expands to replicas (product, in that order). Replicas whose static settings
-(`train.RunSpec`: space, model, batch) agree form a *bucket*, which trains in one compiled
-program (`bindjax.training.bucket_programs`); coverage, seed, learning rate and weight decay are per-replica
-arrays, so they never recompile. A config without a grid (experiments/train.py) is the grid of
-one replica (`single_run_config`).
+(`run_spec.RunSpec`: space, model, batch) agree form a *bucket*, which trains in one compiled
+program (`bindjax.training.bucket_programs`); coverage, seed, learning rate and weight decay are
+per-replica arrays, so they never recompile. A config without a grid (experiments/train.py) is the
+grid of one replica (`single_run_config`).
 """
 import dataclasses
 import itertools
@@ -25,8 +25,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from bindjax.core import world
-from bindjax.training import train
+from bindjax.core import coverage_splits
+from bindjax.training import run_spec
 from bindjax.workdir import results
 
 
@@ -59,8 +59,8 @@ class Replica:
 class BucketMember:
   """One replica of a bucket: its grid point, its per-replica arrays and its coverage split."""
   replica: Replica
-  inputs: train.ReplicaInputs
-  split: world.CoverageSplit
+  inputs: run_spec.ReplicaInputs
+  split: coverage_splits.CoverageSplit
 
 
 @dataclasses.dataclass
@@ -68,7 +68,7 @@ class Bucket:
   """Replicas sharing one RunSpec (one compiled program), in replica order; or a part of such a
   bucket (`part`), trained in a program of its own."""
   index: int
-  spec: train.RunSpec
+  spec: run_spec.RunSpec
   members: list    # BucketMember per replica
   start: int = 0   # a part's position in its bucket
   bucket_size: int | None = None   # a part's bucket's size (None: not a part)
@@ -130,6 +130,34 @@ def expand_grid(config):
   Returns (replicas, buckets). Replica order: spaces, models, learning rates, weight decays,
   coverages, seeds (the last varies fastest). Buckets appear in order of first replica.
   """
+  spaces, models, lrs, wds, coverages, seeds = _grid_axes(config)
+  base = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  replicas, buckets, by_spec = [], [], {}
+  for space_entry, model, lr, wd, coverage, seed in itertools.product(
+      spaces, models, lrs, wds, coverages, seeds):
+    c, v, k = _space_entry(space_entry, int(config.space.max_objects))
+    model = dict(model)
+    model_name = str(model.pop("name", "default" if not model else
+                               ",".join(f"{a}={b}" for a, b in sorted(model.items()))))
+    replica_config = _replica_config(base, (c, v, k), model, lr, wd, coverage, seed)
+    spec = run_spec.RunSpec.from_config(replica_config)
+    inputs, split = run_spec.inputs_from_config(replica_config, spec)
+    if spec not in by_spec:
+      by_spec[spec] = Bucket(len(buckets), spec, [])
+      buckets.append(by_spec[spec])
+    bucket = by_spec[spec]
+    replica = Replica(index=len(replicas), bucket=bucket.index, num_concepts=c,
+                      num_values=v, max_objects=k, space_size=spec.space.num_objects,
+                      coverage=float(coverage), seed=int(seed), learning_rate=float(lr),
+                      weight_decay=float(wd), model=model_name, num_train=int(split.num_train))
+    replicas.append(replica)
+    bucket.members.append(BucketMember(replica, inputs, split))
+  return replicas, buckets
+
+
+def _grid_axes(config):
+  """The grid's (spaces, models, learning rates, weight decays, coverages, seeds), validated;
+  learning rate, weight decay and model default to the config's own."""
   if "grid" not in config:
     raise ValueError("config.grid is missing: a sweep needs grid.spaces, grid.coverages and "
                      "grid.seeds (see experiments/coverage_sweep.py)")
@@ -150,44 +178,31 @@ def expand_grid(config):
       raise ValueError(f"config.grid.seeds[{i}]={seed!r}: expected an integer >= 0")
   for i, coverage in enumerate(coverages):
     try:
-      world.check_coverage(coverage)
+      coverage_splits.check_coverage(coverage)
     except ValueError:
       raise ValueError(f"config.grid.coverages[{i}]={coverage!r}: expected a number in "
                        f"(0, 1]") from None
-  base = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  replicas, buckets, by_spec = [], [], {}
-  for space_entry, model, lr, wd, coverage, seed in itertools.product(
-      spaces, models, lrs, wds, coverages, seeds):
-    c, v, k = _space_entry(space_entry, int(config.space.max_objects))
-    model = dict(model)
-    model_name = str(model.pop("name", "default" if not model else
-                               ",".join(f"{a}={b}" for a, b in sorted(model.items()))))
-    replica_config = ml_collections.ConfigDict(base)
-    replica_config.space.num_concepts = c
-    replica_config.space.num_values = list(v) if isinstance(v, tuple) else v
-    replica_config.space.max_objects = k
-    replica_config.coverage = float(coverage)
-    replica_config.seed = int(seed)
-    replica_config.optimizer.learning_rate = float(lr)
-    replica_config.optimizer.weight_decay = float(wd)
-    for key, value in model.items():
-      if key not in replica_config.model:
-        raise ValueError(f"config.grid.models entry {model!r}: unknown model field {key!r}; "
-                         f"expected one of {sorted(replica_config.model.keys())}")
-      replica_config.model[key] = value
-    spec = train.RunSpec.from_config(replica_config)
-    inputs, split = train.inputs_from_config(replica_config, spec)
-    if spec not in by_spec:
-      by_spec[spec] = Bucket(len(buckets), spec, [])
-      buckets.append(by_spec[spec])
-    bucket = by_spec[spec]
-    replica = Replica(index=len(replicas), bucket=bucket.index, num_concepts=c,
-                      num_values=v, max_objects=k, space_size=spec.space.num_objects,
-                      coverage=float(coverage), seed=int(seed), learning_rate=float(lr),
-                      weight_decay=float(wd), model=model_name, num_train=int(split.num_train))
-    replicas.append(replica)
-    bucket.members.append(BucketMember(replica, inputs, split))
-  return replicas, buckets
+  return spaces, models, lrs, wds, coverages, seeds
+
+
+def _replica_config(base, space, model, lr, wd, coverage, seed):
+  """The config of one replica: `base` (the sweep's config as a dict) with its space (C, V, K),
+  model fields, learning rate, weight decay, coverage and seed."""
+  c, v, k = space
+  replica_config = ml_collections.ConfigDict(base)
+  replica_config.space.num_concepts = c
+  replica_config.space.num_values = list(v) if isinstance(v, tuple) else v
+  replica_config.space.max_objects = k
+  replica_config.coverage = float(coverage)
+  replica_config.seed = int(seed)
+  replica_config.optimizer.learning_rate = float(lr)
+  replica_config.optimizer.weight_decay = float(wd)
+  for key, value in model.items():
+    if key not in replica_config.model:
+      raise ValueError(f"config.grid.models entry {model!r}: unknown model field {key!r}; "
+                       f"expected one of {sorted(replica_config.model.keys())}")
+    replica_config.model[key] = value
+  return replica_config
 
 
 def single_run_config(config):
@@ -199,7 +214,7 @@ def single_run_config(config):
   if "grid" in config:
     raise ValueError("config.grid is set: a config with a grid is a sweep; run it with "
                      "`bindjax sweep`")
-  train.RunSpec.from_config(config)   # errors name the single run's own fields
+  run_spec.RunSpec.from_config(config)   # errors name the single run's own fields
   c = ml_collections.ConfigDict(config.to_dict())
   values = c.space.num_values
   values = tuple(values) if isinstance(values, (list, tuple)) else values

@@ -1,15 +1,16 @@
 """Coverage sweeps: many small dual encoders trained together, vmapped and sharded.
 
 The run loop. `bindjax.training.grid` expands `config.grid` into replicas and buckets; each bucket
-trains in one compiled program (`bindjax.training.bucket_programs`), or split into parts on lanes of the
-devices that train side by side (`bindjax.training.packing`, `_interleave`). One
+trains in one compiled program (`bindjax.training.bucket_programs`), or split into parts on lanes of
+the devices that train side by side (`bindjax.training.packing`, `_interleave`). One
 dispatch runs every step up to the next one whose rows are written (`dispatch_ends`), so a long
 stretch between logged steps costs one dispatch, and the rows do not depend on it.
 
 A config without a grid (experiments/train.py) runs as a sweep of one replica
 (`grid.single_run_config`); that is `bindjax train`. The workdir layout, result rows and
-best/final selection are `bindjax.workdir.results`'; the rows of a running sweep and results.jsonl are
-`bindjax.workdir.results_writer`'s; the workdir checks and the lock are `bindjax.workdir.checks`'.
+best/final selection are `bindjax.workdir.results`'; the rows of a running sweep and results.jsonl
+are `bindjax.workdir.results_writer`'s; the workdir checks and the lock are
+`bindjax.workdir.checks`'.
 
 A run holds the workdir's lock for its whole life (`bindjax.workdir.lock`). A killed sweep
 resumes from each bucket's newest checkpoint that verifies (`checkpoint.Checkpoints`, falling
@@ -31,6 +32,7 @@ from bindjax.base import errors
 from bindjax.base import files
 from bindjax.base import progress as progress_lib
 from bindjax.runtime import engine
+from bindjax.runtime import multihost
 from bindjax.runtime import parallel
 from bindjax.training import bucket_programs
 from bindjax.training import grid
@@ -55,8 +57,8 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
   workdir this run may not use (a different config, files that are not a bindjax run);
   ValueError for damaged data it cannot repair; OSError for the environment (a workdir held by
   a live run or not writable, a full disk). devices: the devices to train on (default all,
-  over every process), laid out in lanes by `bindjax.training.packing`. name: what the log calls the run.
-  tensorboard: also write the rows as TensorBoard event files (`bindjax.workdir.event_files`).
+  over every process), laid out in lanes by `bindjax.training.packing`. name: what the log calls the
+  run. tensorboard: also write the rows as TensorBoard event files (`bindjax.workdir.event_files`).
   """
   with errors.config_errors():
     replicas, buckets = grid.expand_grid(config)
@@ -102,63 +104,32 @@ def _count(n, noun):
 
 def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progress, log, label,
                tensorboard):
-  writer = parallel.is_writer()
-  config_json = results.config_json(config)
-  done_path = workdir / results.DONE_FILE
-  workdir_checks.check_contents(workdir, config_json, overwrite)
-  coordinates = [r.coordinates() for r in replicas]
-  if not overwrite:
-    workdir_checks.check_replicas(workdir, coordinates)
-  elif writer:
-    workdir_checks.remove_outputs(workdir)
-  # Every process has checked the workdir before process 0 writes into it.
-  parallel.sync("bindjax_sweep_checked")
+  writer = multihost.is_writer()
+  config_json, coordinates = _check_workdir(config, workdir, replicas, overwrite, writer)
   plan = _plan(config, workdir, buckets, devices)
   lanes = [(parallel.make_mesh(plan.num_data, devices=[devices[i] for i in lane.devices]),
             [buckets[p.bucket].part(p.start, p.stop) for p in lane.parts]) for lane in plan.lanes]
   parts = [part for _, lane_parts in lanes for part in lane_parts]
+  done_path = workdir / results.DONE_FILE
   if done_path.exists():
     done = workdir_checks.finished(workdir, files.read_json(done_path), parts, log)
-    parallel.sync("bindjax_sweep_finished")
+    multihost.sync("bindjax_sweep_finished")
     log(f"the run in {workdir} is finished ({done['num_replicas']} replicas, "
         f"{done['num_buckets']} buckets); nothing to do (pass --overwrite to run it again)")
     return done
   if writer:
-    files.record_outputs(workdir, results.OUTPUTS)
-    # A resumed run already has them (the config was checked): nothing is rewritten.
-    for name, value, sort_keys in ((results.CONFIG_FILE, config_json, True),
-                                   (results.REPLICAS_FILE, coordinates, False)):
-      if not (workdir / name).exists():
-        files.write_json(workdir / name, value, sort_keys=sort_keys)
+    _write_run_files(workdir, config_json, coordinates)
 
-  settings = config.sweep
   keep = int(config.checkpoint.keep)
   managers = {p.key: checkpoint.Checkpoints(p.checkpoint_dir(workdir), keep=keep) for p in parts}
   rows = results_writer.ResultsWriter(workdir, replicas, log, tensorboard)
-  loop = _Loop(results=rows, bar=None, log=log,
-               keep_best=bool(config.checkpoint.keep_best), chunk_setting=settings.chunk_size,
-               memory_fraction=float(settings.memory_fraction),
-               fast_compile=bool(settings.fast_compile),
-               checkpoint_every=int(config.checkpoint.every), log_every=int(config.log_every))
+  loop = _make_loop(config, rows, log)
   try:
     log(f"{label}: {_count(len(replicas), 'replica')} in {_count(len(buckets), 'bucket')} on "
         f"{_count(len(devices), 'device')} ({_count(jax.process_count(), 'process')}); "
         f"{plan.describe()}")
-    # Every restore (state and rows, checksums verified) succeeds before anything is rewritten.
-    latest = {p.key: managers[p.key].verified_metadata(log) for p in parts}
-    restored = {}
-    for mesh, lane_parts in lanes:
-      training = None   # the lane's first part with training left: it keeps its restored state
-      for part in lane_parts:
-        start, state, complete = loop.restore(part, mesh, managers[part.key], latest[part.key])
-        training = part.key if training is None and not complete else training
-        restored[part.key] = (start, state if training == part.key else None, complete)
-    total = sum(len(b.replicas) * b.spec.num_steps for b in buckets)
-    initial = sum(len(p.replicas) * (p.spec.num_steps if restored[p.key][2]
-                                     else restored[p.key][0]) for p in parts)
-    if initial:
-      log(f"resuming at {initial:,} of {total:,} replica-steps")
-    loop.bar = progress_lib.bar(total, "replica-step", progress and writer, initial)
+    restored = _restore_lanes(loop, lanes, managers, log)
+    total = _start_progress(loop, buckets, parts, restored, progress and writer, log)
     rows.publish()
 
     def lane_work(mesh, lane_parts):
@@ -184,6 +155,73 @@ def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progre
   finally:
     if loop.bar is not None:
       loop.bar.close()
+  return _finish(workdir, replicas, buckets, rows, loop, total, coordinates, writer, log)
+
+
+def _check_workdir(config, workdir, replicas, overwrite, writer):
+  """Checks the workdir against this run (or clears it with `overwrite`) on every process;
+  returns (the config's JSON, the replicas' coordinates)."""
+  config_json = results.config_json(config)
+  workdir_checks.check_contents(workdir, config_json, overwrite)
+  coordinates = [r.coordinates() for r in replicas]
+  if not overwrite:
+    workdir_checks.check_replicas(workdir, coordinates)
+  elif writer:
+    workdir_checks.remove_outputs(workdir)
+  # Every process has checked the workdir before process 0 writes into it.
+  multihost.sync("bindjax_sweep_checked")
+  return config_json, coordinates
+
+
+def _write_run_files(workdir, config_json, coordinates):
+  """Records the run's outputs and writes its config and replica files, unless present."""
+  files.record_outputs(workdir, results.OUTPUTS)
+  # A resumed run already has them (the config was checked): nothing is rewritten.
+  for name, value, sort_keys in ((results.CONFIG_FILE, config_json, True),
+                                 (results.REPLICAS_FILE, coordinates, False)):
+    if not (workdir / name).exists():
+      files.write_json(workdir / name, value, sort_keys=sort_keys)
+
+
+def _make_loop(config, rows, log):
+  """The sweep's _Loop, with the loop settings of `config`."""
+  settings = config.sweep
+  return _Loop(results=rows, bar=None, log=log,
+               keep_best=bool(config.checkpoint.keep_best), chunk_setting=settings.chunk_size,
+               memory_fraction=float(settings.memory_fraction),
+               fast_compile=bool(settings.fast_compile),
+               checkpoint_every=int(config.checkpoint.every), log_every=int(config.log_every))
+
+
+def _restore_lanes(loop, lanes, managers, log):
+  """{part key: (start step, restored state or None, complete)} of every part of every lane;
+  only a lane's first part with training left keeps its restored state."""
+  # Every restore (state and rows, checksums verified) succeeds before anything is rewritten.
+  latest = {p.key: managers[p.key].verified_metadata(log)
+            for _, lane_parts in lanes for p in lane_parts}
+  restored = {}
+  for mesh, lane_parts in lanes:
+    training = None   # the lane's first part with training left: it keeps its restored state
+    for part in lane_parts:
+      start, state, complete = loop.restore(part, mesh, managers[part.key], latest[part.key])
+      training = part.key if training is None and not complete else training
+      restored[part.key] = (start, state if training == part.key else None, complete)
+  return restored
+
+
+def _start_progress(loop, buckets, parts, restored, show, log):
+  """Opens the loop's progress bar at the restored replica-steps; returns the run's total."""
+  total = sum(len(b.replicas) * b.spec.num_steps for b in buckets)
+  initial = sum(len(p.replicas) * (p.spec.num_steps if restored[p.key][2]
+                                   else restored[p.key][0]) for p in parts)
+  if initial:
+    log(f"resuming at {initial:,} of {total:,} replica-steps")
+  loop.bar = progress_lib.bar(total, "replica-step", show, initial)
+  return total
+
+
+def _finish(workdir, replicas, buckets, rows, loop, total, coordinates, writer, log):
+  """Writes the summary and the done file of a finished run; returns the done record."""
   all_rows = rows.rows()
   done = {"num_replicas": len(replicas), "num_buckets": len(buckets),
           "num_diverged": len(rows.diverged), "compile_seconds": round(loop.compile_seconds, 2),
@@ -191,8 +229,8 @@ def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progre
           "results_sha256": results.rows_digest(all_rows)}
   if writer:
     results.write_summary(workdir, all_rows, coordinates)
-    files.write_json(done_path, done)
-  parallel.sync("bindjax_sweep_done")
+    files.write_json(workdir / results.DONE_FILE, done)
+  multihost.sync("bindjax_sweep_done")
   log(f"sweep finished: {len(replicas)} replicas, {len(rows.diverged)} diverged; compile "
       f"{loop.compile_seconds:.1f} s; results in {rows.path}")
   return done
@@ -317,21 +355,44 @@ class _Loop:
     manager.prune_after(start)
     return start, state, self.complete(bucket, (start, metadata))
 
-  def train(self, bucket, mesh, manager, start, state=None):
-    """Trains one bucket (or part of one) on `mesh` from step `start` to its last step (or
-    until all its replicas diverged), yielding after each dispatch (`_interleave`). state: the
-    state `restore` returned at `start` (restored again when None)."""
+  def _compile(self, bucket, mesh, inputs, num_padded):
+    """(init_fn, run_fn, eval_fn) of the bucket on `mesh`, compiled and logged."""
     spec = bucket.spec
-    inputs, valid = self._inputs(bucket, mesh)
     t0 = time.perf_counter()
     init_fn, run_fn, eval_fn, chunk = bucket_programs.compile_bucket(
         spec, mesh, inputs, self.chunk_setting, self.memory_fraction, self.log,
         self.fast_compile, self.keep_best)
     seconds = time.perf_counter() - t0
     self.compile_seconds += seconds
-    self.log(f"{bucket.name}: {len(bucket.replicas)} replicas (padded to {len(valid)}), "
+    self.log(f"{bucket.name}: {len(bucket.replicas)} replicas (padded to {num_padded}), "
              f"|O| = {spec.space.num_objects}, d_model {spec.model.d_model}; compiled in "
              f"{seconds:.1f} s" + (f"; chunk {chunk}" if chunk else ""))
+    return init_fn, run_fn, eval_fn
+
+  def _flush(self, bucket, mesh, pending, postfix):
+    """Writes the pending rows; returns whether every replica of the bucket has diverged."""
+    if not pending:
+      return False
+    host = parallel.gather_to_host([(train, evaluation) for _, train, evaluation in pending],
+                                   mesh)
+    for (step, _, _), (train_host, eval_host) in zip(pending, host):
+      self.results.add(bucket, step, train_host, eval_host)
+      if eval_host is not None:
+        alive = train_host[results.DIVERGED_STEP][:len(bucket.replicas)] < 0
+        acc = eval_host[results.SELECTION_METRIC][:len(bucket.replicas)][alive]
+        if acc.size:
+          postfix["heldout_obj"] = f"{acc.mean():.3f}"
+          self.bar.set_postfix(postfix, refresh=False)
+    pending.clear()
+    return self.results.all_diverged(bucket)
+
+  def train(self, bucket, mesh, manager, start, state=None):
+    """Trains one bucket (or part of one) on `mesh` from step `start` to its last step (or
+    until all its replicas diverged), yielding after each dispatch (`_interleave`). state: the
+    state `restore` returned at `start` (restored again when None)."""
+    spec = bucket.spec
+    inputs, valid = self._inputs(bucket, mesh)
+    init_fn, run_fn, eval_fn = self._compile(bucket, mesh, inputs, len(valid))
     if not start:
       state = init_fn(inputs)
     else:
@@ -342,24 +403,6 @@ class _Loop:
     self.bar.set_postfix(postfix, refresh=False)
     metadata = {"bucket": bucket.index, "padded_replicas": len(valid)}
     pending = []
-
-    def flush():
-      """Writes the pending rows; returns whether every replica of the bucket has diverged."""
-      if not pending:
-        return False
-      host = parallel.gather_to_host([(train, evaluation) for _, train, evaluation in pending],
-                                     mesh)
-      for (step, _, _), (train_host, eval_host) in zip(pending, host):
-        self.results.add(bucket, step, train_host, eval_host)
-        if eval_host is not None:
-          alive = train_host[results.DIVERGED_STEP][:len(bucket.replicas)] < 0
-          acc = eval_host[results.SELECTION_METRIC][:len(bucket.replicas)][alive]
-          if acc.size:
-            postfix["heldout_obj"] = f"{acc.mean():.3f}"
-            self.bar.set_postfix(postfix, refresh=False)
-      pending.clear()
-      return self.results.all_diverged(bucket)
-
     num_steps = spec.num_steps
     step = start
     for done in dispatch_ends(spec, self.log_every, self.checkpoint_every, start):
@@ -371,11 +414,11 @@ class _Loop:
         state, eval_metrics = eval_fn(state, inputs, bucket_programs.global_scalar(done, mesh))
       # Metrics of the previous logged step: its values are ready by now, this dispatch queued.
       # Divergence is only learnt from flushed rows, so it is checked only when rows were written.
-      stop = flush()
+      stop = self._flush(bucket, mesh, pending, postfix)
       if is_eval or is_checkpoint or stop or done % self.log_every == 0:
         pending.append((done, train_metrics, eval_metrics))
       if is_checkpoint or stop:
-        flush()
+        self._flush(bucket, mesh, pending, postfix)
         self.results.sync()
         manager.save(done, bucket_programs.checkpoint_state(state, parallel.replica_sharding(mesh)),
                      dict(metadata, step=done, complete=stop or done == num_steps,
@@ -386,5 +429,5 @@ class _Loop:
         break
       step = done
       yield
-    flush()
+    self._flush(bucket, mesh, pending, postfix)
     manager.wait()

@@ -49,6 +49,7 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 
 from bindjax.base import files
+from bindjax.runtime import multihost
 from bindjax.runtime import parallel
 
 _STATE = "state"
@@ -182,7 +183,7 @@ class Checkpoints:
     # A write killed half-way leaves a temporary folder. It is removed here, before any save:
     # orbax's own clean-up runs beside the first save and can remove the temporary folder of
     # that very save when it is for the same step.
-    if parallel.is_writer() and self.directory.is_dir():
+    if multihost.is_writer() and self.directory.is_dir():
       for path in self.directory.iterdir():
         if TMP_MARK in path.name:
           try:

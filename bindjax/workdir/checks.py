@@ -13,7 +13,7 @@ import json
 
 from bindjax.base import errors
 from bindjax.base import files
-from bindjax.runtime import parallel
+from bindjax.runtime import multihost
 from bindjax.workdir import checkpoint
 from bindjax.workdir import lock as workdir_lock
 from bindjax.workdir import results
@@ -37,12 +37,12 @@ def check_path(workdir):
 def ownership(workdir, log):
   """Holds the workdir's lock (taken by the writer process) for the block."""
   lock, failure = None, None
-  if parallel.is_writer():
+  if multihost.is_writer():
     try:
       lock = workdir_lock.acquire(workdir)
     except OSError as e:
       failure = e
-  if parallel.any_process(failure is not None):
+  if multihost.any_process(failure is not None):
     raise failure or OSError(f"workdir {workdir}: process 0 could not take its lock")
   try:
     if lock is not None and lock.stale:
@@ -125,7 +125,7 @@ def finished(workdir, done, buckets, log):
   trained; ValueError when they cannot rebuild it)."""
   path = workdir / results.RESULTS_FILE
   expected = done.get("results_sha256")
-  if expected is None or not parallel.is_writer():
+  if expected is None or not multihost.is_writer():
     return done
   content = path.read_bytes() if path.exists() else b""
   if hashlib.sha256(content).hexdigest() == expected:

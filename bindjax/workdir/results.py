@@ -9,7 +9,8 @@
   summary.csv          one line per replica: final and best evaluation, or when it diverged
   sweep_done.json      written last; a rerun into a finished workdir reports and returns
   checkpoints/bucket_NNN/<step>/   stacked replica states of one bucket, and its rows so far
-                       (bucket_NNN_replicas_AAA_to_BBB/ for a part of one, `bindjax.training.packing`)
+                       (bucket_NNN_replicas_AAA_to_BBB/ for a part of one,
+                       `bindjax.training.packing`)
   report/              `bindjax report`'s figure and tables
   bindjax_outputs.json what bindjax wrote here (`files.record_outputs`): --overwrite removes that
   bindjax.lock         held by the run while it runs (`bindjax.workdir.lock`)
@@ -41,7 +42,8 @@ SUMMARY_FILE = "summary.csv"
 DONE_FILE = "sweep_done.json"
 CHECKPOINT_DIR = "checkpoints"
 REPORT_DIR = "report"
-TENSORBOARD_DIR = "tensorboard"   # the rows as TensorBoard event files (bindjax.workdir.event_files)
+# The rows as TensorBoard event files (bindjax.workdir.event_files).
+TENSORBOARD_DIR = "tensorboard"
 # What a training run writes into its workdir (the report keeps its own record in report/).
 OUTPUTS = (CONFIG_FILE, REPLICAS_FILE, RESULTS_FILE, SUMMARY_FILE, DONE_FILE, CHECKPOINT_DIR,
            TENSORBOARD_DIR)

@@ -14,7 +14,7 @@ import collections
 import os
 
 from bindjax.base import files
-from bindjax.runtime import parallel
+from bindjax.runtime import multihost
 from bindjax.workdir import event_files
 from bindjax.workdir import results
 
@@ -29,7 +29,7 @@ class ResultsWriter:
 
   def __init__(self, workdir, replicas, log, tensorboard=False):
     self.path = files.as_path(workdir) / results.RESULTS_FILE
-    self.writer = parallel.is_writer()
+    self.writer = multihost.is_writer()
     # The rows as TensorBoard curves too (`bindjax.workdir.event_files`), written by process 0.
     self.events = event_files.EventWriter(workdir) if tensorboard and self.writer else None
     self.published = False

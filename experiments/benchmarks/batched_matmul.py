@@ -17,7 +17,8 @@ import platform
 import sys
 import time
 
-# One thread per op, as bindjax sweep runs on CPU (bindjax.runtime.parallel.use_cpu_cores_as_devices).
+# One thread per op, as bindjax sweep runs on CPU
+# (bindjax.runtime.parallel.use_cpu_cores_as_devices).
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_cpu_multi_thread_eigen=false").strip()
 

@@ -1,4 +1,5 @@
-r"""Benchmark: the sweep-wide binding fits (`bindjax binding`) vs the same fits one replica at a time.
+r"""Benchmark: the sweep-wide binding fits (`bindjax binding`) vs the same fits one replica at a
+time.
 
   python experiments/benchmarks/binding_fits.py                      # cpu preset, 2,000 steps
   python experiments/benchmarks/binding_fits.py --steps=200 --replicas=1,8,20
@@ -6,8 +7,8 @@ r"""Benchmark: the sweep-wide binding fits (`bindjax binding`) vs the same fits 
 Synthetic replicas shaped like the cpu sweep's |O| = 100 bucket: all 10,000 ordered pairs of
 C = 2, V = 10 objects, D = 32; replica r's embeddings are a random per-object sum plus a
 product term plus noise, its probes random, and its coverage split the sweep's own
-(`world.coverage_split`) at the cpu preset's coverages 0.3-0.9 and seeds 0, 1, .... The fitting
-does not depend on where the embeddings came from, so this times exactly what the command
+(`coverage_splits.coverage_split`) at the cpu preset's coverages 0.3-0.9 and seeds 0, 1, .... The
+fitting does not depend on where the embeddings came from, so this times exactly what the command
 runs after encoding. Two ways, side by side, for every R:
 
   batched     `replicas.fit_replicas` on all R replicas: per family one compiled batch per
@@ -48,19 +49,21 @@ DIM = 32
 def synthetic_sets(num, seed=0):
   """`num` embedding sets of all pairs of the VALUES objects, each with its own coverage split."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+  from bindjax.core import coverage_splits  # pylint: disable=g-import-not-at-top
   from bindjax.core import world  # pylint: disable=g-import-not-at-top
   from bindjax.frozen import extract  # pylint: disable=g-import-not-at-top
   space = world.ObjectSpace(VALUES, 2)
   ids_U = np.arange(space.num_objects, dtype=np.int32)
   objects, num_objects = extract.pair_scenes(space, ids_U)
-  first, second = world.ordered_pairs(space.num_objects)
+  first, second = coverage_splits.ordered_pairs(space.num_objects)
   sets = []
   for r in range(num):
     rng = np.random.default_rng(seed + r)
     vectors = rng.normal(size=(space.num_objects, DIM))
     z = vectors[first] + vectors[second] + 0.5 * vectors[first] * vectors[second]
     z = (z + 0.1 * rng.normal(size=z.shape)).astype(np.float32)
-    split = world.coverage_split(space, COVERAGES[r % len(COVERAGES)], r // len(COVERAGES))
+    split = coverage_splits.coverage_split(space, COVERAGES[r % len(COVERAGES)],
+                                           r // len(COVERAGES))
     probes = {f"concept_{c}": rng.normal(size=(v, DIM)) for c, v in enumerate(VALUES)}
     probes["object"] = vectors
     trained = extract.TrainedModel(params=None, model=_Similarity(), space=space, split=split,

@@ -10,8 +10,8 @@ binding figure (docs/objectives.md#binding) on training scenes, i.e. the fractio
 scenes with objects that differ in every concept in which the scene scores both of its objects
 above both cross objects. For each (|O|, configuration: model, learning rate, weight decay) the
 table gives the first evaluation step at which the figure reaches --target (mean over seeds),
-its final value, and the set-separation accuracy on two-object scenes. One sweep (bindjax.training.sweep) runs the whole grid; models and sizes
-are buckets, seeds are replicas.
+its final value, and the set-separation accuracy on two-object scenes. One sweep
+(bindjax.training.sweep) runs the whole grid; models and sizes are buckets, seeds are replicas.
 
 Writes experiments/benchmarks/results/binding_learning_time.{md,json,png} (or --out).
 """

@@ -39,6 +39,7 @@ import jax
 from bindjax.base import files
 from bindjax.core import models
 from bindjax.runtime import xla_options
+from bindjax.training import run_spec
 from bindjax.training import train
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -63,9 +64,9 @@ LAYOUTS = {"per_layer": False, "scanned": True}
 
 
 def _spec(num_layers, scan_layers):
-  c = train.default_config()   # the published run's space, batch and optimizer
+  c = run_spec.default_config()   # the published run's space, batch and optimizer
   c.model.update(d_model=256, num_heads=4, num_layers=num_layers, d_ff=1024)
-  spec = train.RunSpec.from_config(c)
+  spec = run_spec.RunSpec.from_config(c)
   model = dataclasses.replace(spec.model, scan_layers=scan_layers)
   return c, dataclasses.replace(spec, model=model)
 
@@ -73,7 +74,7 @@ def _spec(num_layers, scan_layers):
 def measure(num_layers, layout):
   """Seconds to lower and to compile one train step of a `num_layers` tower in `layout`."""
   config, spec = _spec(num_layers, LAYOUTS[layout])
-  inputs, _ = train.inputs_from_config(config, spec)
+  inputs, _ = run_spec.inputs_from_config(config, spec)
   state = jax.eval_shape(lambda h: train.init(h.key, spec, h), inputs)
   step_fn = jax.jit(lambda s, h: train.train_step(s, h, spec), donate_argnums=0)
   t0 = time.perf_counter()

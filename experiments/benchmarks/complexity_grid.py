@@ -5,7 +5,7 @@ r"""Benchmark: the paper's complexity grid as one batch vs one fit at a time vs 
 
 The grid: train fractions 0.1..0.9 × {MLP 1024, product, sum+product}, lr 1e-2 (27 fits) on a
 CLEVR-sized synthetic embedding set (24 objects, all 576 ordered pairs, D=512). Three ways:
-  batch       `fitting.fit_grid`: compiled programs per approximator shape and training count
+  batch       `grid_fits.fit_grid`: compiled programs per approximator shape and training count
   sequential  the same code one model at a time (`fit_models` with M=1; compiled once per shape)
   processes   a separate `bindjax complexity` process per fit (how the original code runs them);
               with --process_samples=S < 27 only S processes run (one per family first) and the
@@ -67,6 +67,7 @@ def child(args):
   from bindjax.complexity import data as data_lib  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import families  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import fitting  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import grid_fits  # pylint: disable=g-import-not-at-top
   from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
   eset = synthetic_set(args.dim)
   data, _ = data_lib.from_set(eset)
@@ -74,11 +75,11 @@ def child(args):
   fit_config = fitting.FitConfig(steps=args.steps, eval_every=min(100, args.steps),
                                     schedule="constant")
   models = families.parse_models(MODELS, VALUES, 2, args.dim)
-  entries = fitting.grid_entries(models, FRACTIONS, [0], [1e-2])
+  entries = grid_fits.grid_entries(models, FRACTIONS, [0], [1e-2])
   start = time.perf_counter()
   infos = []
   if args.child == "batch":
-    rows, infos = fitting.fit_grid(entries, data, probes, fit_config)
+    rows, infos = grid_fits.fit_grid(entries, data, probes, fit_config)
   else:
     rows = []
     for entry in entries:
@@ -86,7 +87,7 @@ def child(args):
                                       [entry.learning_rate])
       history, info = fitting.fit_models(entry.model, data, probes, points, fit_config)
       infos.append(info)
-      rows += fitting.summarize(history, fit_config)
+      rows += grid_fits.summarize(history, fit_config)
   seconds = time.perf_counter() - start
   print(json.dumps({
       "seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

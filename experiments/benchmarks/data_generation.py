@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import bindjax
+from bindjax.core import coverage_splits
 from bindjax.core import scenes
 from bindjax.core import world
 
@@ -44,7 +45,7 @@ def _time_run(fn, scenes_per_call, seconds, seed):
 
 def prepare_row(name, space, sampler, split, coverage, batches_per_call):
   """(description dict, fn(key), scenes per call), compiled and warmed up."""
-  tables = world.coverage_split(space, coverage, 0)
+  tables = coverage_splits.coverage_split(space, coverage, 0)
   permutation = jnp.asarray(tables.permutation)
   num_train = jnp.int32(tables.num_train)
   if batches_per_call == 1:

@@ -5,8 +5,8 @@ the `cpu` preset's wall time, in one run.
 
 `bindjax sweep` writes every row twice on the host: appended to results.jsonl (the baseline,
 there before) and, with --tensorboard (the default), as one TensorBoard event per row
-(`bindjax.workdir.event_files`). This replays the `cpu` preset's rows through both writers exactly as the
-loop calls them (one call per bucket and logged step, with that step's 20 rows): 20 replicas,
+(`bindjax.workdir.event_files`). This replays the `cpu` preset's rows through both writers exactly
+as the loop calls them (one call per bucket and logged step, with that step's 20 rows): 20 replicas,
 10,000 steps, a row every 100 steps. Every row is a copy of a real evaluation row of that preset
 (docs/findings/scaling_law/cpu/results.jsonl: 49 fields, the most a row holds), so the event
 side is timed at its largest. Each of --repeats rounds times both writers into fresh folders,

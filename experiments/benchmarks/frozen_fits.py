@@ -5,8 +5,8 @@ r"""Benchmark: one linear-probe fit and one approximator fit against the machine
 
 The probe fit: all heads on a 9,216-scene, D=384 synthetic set (96 objects of 12 × 8 values,
 every ordered pair), 40 % training scenes. The approximator fits: sum+product and MLP[1024] at
-train fraction 0.5 on a 576-scene, D=512 synthetic set (24 objects), evaluated every 100 steps. Both are timed
-after compiling (their second call, or the fit's own compile/run split).
+train fraction 0.5 on a 576-scene, D=512 synthetic set (24 objects), evaluated every 100 steps. Both
+are timed after compiling (their second call, or the fit's own compile/run split).
 
 "FLOP time" is the FLOPs XLA's cost analysis counts for one training step on exactly the
 training scenes (plus, for the approximator, its evaluations on all scenes) divided by the
@@ -93,15 +93,16 @@ def time_probe(steps):
 
 
 def _fit_api():
-  """(data, families, fitting) modules, from the package layout or the single-module one of
-  older commits (the baseline run)."""
+  """(data, families, fitting) modules and evaluate_predictions, from the package layout or the
+  single-module one of older commits (the baseline run)."""
   try:
     from bindjax.complexity import data, families, fitting  # pylint: disable=g-import-not-at-top
-    return data, families, fitting
+    from bindjax.complexity import fit_programs  # pylint: disable=g-import-not-at-top
+    return data, families, fitting, fit_programs.evaluate_predictions
   except ImportError:
     from bindjax import complexity  # pylint: disable=g-import-not-at-top
     from bindjax.frozen.probes import binding  # pylint: disable=g-import-not-at-top
-    return complexity, binding, complexity
+    return complexity, binding, complexity, complexity.evaluate_predictions
 
 
 def time_approximator(steps, family, widths):
@@ -109,7 +110,7 @@ def time_approximator(steps, family, widths):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
-  data_lib, families, fitting = _fit_api()
+  data_lib, families, fitting, evaluate_predictions = _fit_api()
   objects, ids = data_lib.all_scenes(FIT_VALUES, 2)
   u = int(np.prod(FIT_VALUES))
   rng = np.random.default_rng(0)
@@ -130,7 +131,7 @@ def time_approximator(steps, family, widths):
   params = model.init(jax.random.PRNGKey(0))
   step_flops = _flops(lambda p: jax.value_and_grad(
       lambda p: ((model.apply(p, values_T) - targets_T) ** 2).mean())(p), params)
-  eval_flops = _flops(lambda p: fitting.evaluate_predictions(
+  eval_flops = _flops(lambda p: evaluate_predictions(
       model.apply(p, data.values_NxKxC), data, probes, jnp.asarray(masks)), params)
   return {"steps": steps, "seconds": info["run_s"], "compile_s": info["compile_s"],
           "train_s": info.get("train_s"), "eval_s": info.get("eval_s"),

@@ -5,8 +5,8 @@ tree and in a baseline tree whose programs held the schedule's length, side by s
   .venv/bin/python experiments/benchmarks/loop_settings.py --baseline=/tmp/bindjax_baseline
 
 Each side runs the `cpu` preset's model and batch on 4 replicas (coverage 0.5 and 0.9, seeds 0
-and 1, |O| = 100) with `bindjax.training.sweep.run_sweep` in worker processes that import bindjax from
-their own tree, over one CPU device per core as `bindjax sweep` sets up, with JAX's persistent
+and 1, |O| = 100) with `bindjax.training.sweep.run_sweep` in worker processes that import bindjax
+from their own tree, over one CPU device per core as `bindjax sweep` sets up, with JAX's persistent
 compilation cache on in a fresh folder per side (as the commands turn it on):
 
   worker 1   run A: 200 steps, evaluations every 100, rows every 20

@@ -11,8 +11,8 @@ their own form at E = D with the identity read-out, drawn from the family's init
 Noise: `--noise` times the targets' RMS spread (0.05 on the Hadamard set is about 0.014).
 Each (family, D, training fraction) is fitted on `--seeds` random object splits by the new
 default (the coordinate solver) and by the previous default (Adam, 4,000 steps, 3 restarts,
-weight decay), in one `fit_grid` call each (`--solvers` picks them). Per cell: seeds whose test-only R²
-reaches 0.9, seeds the fit reports identified, median test-only and train-only R², and the
+weight decay), in one `fit_grid` call each (`--solvers` picks them). Per cell: seeds whose test-only
+R² reaches 0.9, seeds the fit reports identified, median test-only and train-only R², and the
 fit's wall time (compiling excluded) against the additive family's default fit on the same
 set. Writes experiments/benchmarks/results/planted_fits{,_NAME}.{json,md}.
 """
@@ -35,6 +35,7 @@ import repeats  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bindjax.complexity import data as data_lib  # pylint: disable=wrong-import-position
 from bindjax.complexity import families  # pylint: disable=wrong-import-position
 from bindjax.complexity import fitting  # pylint: disable=wrong-import-position
+from bindjax.complexity import grid_fits  # pylint: disable=wrong-import-position
 from bindjax.frozen.probes import linear  # pylint: disable=wrong-import-position
 
 RESULTS = os.path.join(HERE, "results")
@@ -67,8 +68,8 @@ def planted(family, values, out_dim, noise, draw):
 
 def fit_cell(model, data, probes, fraction, seeds, config):
   """Rows and the summed solve/train and compile seconds of one fit_grid call."""
-  entries = fitting.grid_entries([model], [fraction], seeds, [fitting.LEARNING_RATE])
-  rows, infos = fitting.fit_grid(entries, data, probes, config)
+  entries = grid_fits.grid_entries([model], [fraction], seeds, [fitting.LEARNING_RATE])
+  rows, infos = grid_fits.fit_grid(entries, data, probes, config)
   return rows, sum(i["run_s"] for i in infos), sum(i["compile_s"] for i in infos)
 
 

@@ -142,7 +142,8 @@ def measure(preset, steps, workdir, tree=REPO):
 def table(rows, targets, command):
   """The Markdown table of `measure` rows."""
   lines = ["# preset_wall_time", "", f"`{command}`", "",
-           "| preset | code | \\|O\\| | replicas | steps | compile (s) | once (s) | replica-steps/s "
+           "| preset | code | \\|O\\| | replicas | steps | compile (s) | once (s) "
+           "| replica-steps/s "
            "| estimated full sweep (min) | measured full sweep (min) | target (min) "
            "| load before, after |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

@@ -5,14 +5,14 @@ dispatch, side by side.
   .venv/bin/python experiments/benchmarks/steps_per_dispatch.py --baseline=/tmp/bindjax_baseline
 
 The sweep loop of this tree runs every step up to the next one whose rows are written in one
-dispatch (`bindjax.training.sweep.dispatch_ends`); the loop it replaced dispatched each step. The one-step
-loop is gone from this tree, so the baseline is that code checked out at --baseline. Each side
-runs the same sweep with `bindjax.training.sweep.run_sweep` (the same call in both trees) in a worker
-process that imports bindjax from its own tree, over one CPU device per core as `bindjax sweep`
-sets up: R = 16 replicas of one bucket (4 coverages x 4 seeds, |O| = 36) with the smoke preset's
-towers and batch (--model=tiny: experiments/train.py:tiny's), rows every 100 steps, evaluations
-every 500 and a checkpoint at the end, as in the CPU presets. Optimised code, as a long sweep
-compiles it (--fast_compile: the smoke preset's cheaper compiles of slower code). Each of
+dispatch (`bindjax.training.sweep.dispatch_ends`); the loop it replaced dispatched each step. The
+one-step loop is gone from this tree, so the baseline is that code checked out at --baseline. Each
+side runs the same sweep with `bindjax.training.sweep.run_sweep` (the same call in both trees) in a
+worker process that imports bindjax from its own tree, over one CPU device per core as `bindjax
+sweep` sets up: R = 16 replicas of one bucket (4 coverages x 4 seeds, |O| = 36) with the smoke
+preset's towers and batch (--model=tiny: experiments/train.py:tiny's), rows every 100 steps,
+evaluations every 500 and a checkpoint at the end, as in the CPU presets. Optimised code, as a long
+sweep compiles it (--fast_compile: the smoke preset's cheaper compiles of slower code). Each of
 --repeats rounds runs both sides back to back, alternating which goes first, so the drift of a
 shared machine hits both alike; a round's speedup is its k-step rate over its one-step rate. A
 run is timed from the end of its compile (the bucket's "compiled in" line) to the end of

@@ -5,18 +5,18 @@
   .venv/bin/python experiments/benchmarks/sweep_throughput.py --mode=device --model=paper \
       --replicas=1,8,64 --peak_tflops=989        # accelerator: replica-steps/s and MFU
 
-compare: R replicas of a small config trained by ONE compiled bucket program (bindjax.training.sweep), one
-step per dispatch (steps_per_dispatch.py measures the sweep loop's several), over one CPU device
-per core as `bindjax sweep` sets up (config.sweep.cpu_devices), in one process and
-(--processes=P) in P local processes pinned to their cores as launch/local.py starts them, vs R
-single-replica runs one after another with the same code (a 1-replica bucket, compiled once) on
-one device, both single-threaded per device and (in a worker subprocess) with JAX's default CPU
-set-up. Each of --repeats rounds times them all back to back, so the drift of a shared machine
+compare: R replicas of a small config trained by ONE compiled bucket program
+(bindjax.training.sweep), one step per dispatch (steps_per_dispatch.py measures the sweep loop's
+several), over one CPU device per core as `bindjax sweep` sets up (config.sweep.cpu_devices), in one
+process and (--processes=P) in P local processes pinned to their cores as launch/local.py starts
+them, vs R single-replica runs one after another with the same code (a 1-replica bucket, compiled
+once) on one device, both single-threaded per device and (in a worker subprocess) with JAX's default
+CPU set-up. Each of --repeats rounds times them all back to back, so the drift of a shared machine
 hits a round's numbers alike; a round's speedup is its sweep rate over its faster sequential
 rate. Train steps only (compile excluded, reported apart). Medians over rounds, with the spread.
-Beside replica-steps/s: the model FLOP/s they are (bindjax.training.train.train_step_flops per replica-step)
-and their share of the machine's float32 matmul rate measured in the same run, as the sweep's
-devices reach it (a 2048³ matmul on every device at once, before and after the rounds, the
+Beside replica-steps/s: the model FLOP/s they are (bindjax.training.train.train_step_flops per
+replica-step) and their share of the machine's float32 matmul rate measured in the same run, as the
+sweep's devices reach it (a 2048³ matmul on every device at once, before and after the rounds, the
 faster taken).
 
 device: for each R, replica-steps/s and model FLOP utilisation (FLOPs of the matmuls from
@@ -40,7 +40,7 @@ import numpy as np
 
 from bindjax.base import files
 from bindjax.commands import flags
-from bindjax.runtime import engine, parallel, xla_options
+from bindjax.runtime import engine, multihost, parallel, xla_options
 from bindjax.training import bucket_programs, grid, train
 import repeats  # experiments/benchmarks/repeats.py, beside this script
 
@@ -164,8 +164,8 @@ class SweepProcessPart:
   joined by jax.distributed (pinned to their cores by the parent), each running its share."""
 
   def __init__(self, args):
-    parallel.maybe_initialize_distributed(f"127.0.0.1:{args.port}", args.processes,
-                                          args.process_id)
+    multihost.maybe_initialize_distributed(f"127.0.0.1:{args.port}", args.processes,
+                                           args.process_id)
     compile_s, self.run, _, chunk = bucket_runner(config_for(args.model, args.replicas[0]),
                                                   chunk=args.chunk)
     self.setup = {"compile_s": compile_s, "chunk": chunk, "devices": jax.device_count(),
@@ -339,8 +339,8 @@ def _chunk_text(chunk):
 
 
 def device(args):
-  rows, table = [], ["| R | replica-steps/s | step time (s) | TFLOP/s | MFU | chunk | compile (s) |",
-                     "|---:|---:|---:|---:|---:|---:|---:|"]
+  rows, table = [], ["| R | replica-steps/s | step time (s) | TFLOP/s | MFU | chunk "
+                     "| compile (s) |", "|---:|---:|---:|---:|---:|---:|---:|"]
   for replicas in args.replicas:
     config = config_for(args.model, replicas)
     if args.dtype:

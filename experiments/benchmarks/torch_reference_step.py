@@ -6,8 +6,8 @@ towers (token embedding + sinusoidal
 positions, 6 x nn.TransformerEncoderLayer(norm_first=True, gelu, batch_first, no dropout),
 EOS read-out, linear to d_out), cosine logits with the capped learnable temperature, soft
 cross-entropy over active rows (concept + object loss), AdamW with warm-up/decay. float32,
-torch.set_num_threads(2), fixed random batches built like docs/sampling.md (C=2, V=20, K=2: 512 scenes of
-length 9, queries of length 5); data generation is NOT timed.
+torch.set_num_threads(2), fixed random batches built like docs/sampling.md (C=2, V=20, K=2: 512
+scenes of length 9, queries of length 5); data generation is NOT timed.
 
 It needs torch, which the project never depends on: run it from the repository root with the
 CPU wheel in its own venv (python3 -m venv TORCH_VENV; TORCH_VENV/bin/pip install
@@ -20,12 +20,12 @@ has no more, though the sampler caps them at 64; ~300 object queries = 64 positi
 negatives, deduplicated) and bindjax's static padded sizes (40 concept, 400 object slots).
 Each row: `warmup` steps, then `repeats` runs of `steps` steps; a run's s/step is its wall time
 over its steps; the table shows the median over runs with min/max. Also reports parameters per
-tower (docs/models.md#parameter-count: 7,918,144), an analytic FLOP count per step (matmuls and attention, backward = 2x
-forward) with the achieved GFLOP/s, process CPU seconds per step (less sensitive to other
-processes than wall time, though 2 threads spinning on a busy machine inflate it too), and the
-1/5/15-minute load average before and after each row, because this machine is shared. Writes JSON
-(atomically) to experiments/benchmarks/results/torch_reference_step.json; earlier runs in that
-file move to its "history" list.
+tower (docs/models.md#parameter-count: 7,918,144), an analytic FLOP count per step (matmuls and
+attention, backward = 2x forward) with the achieved GFLOP/s, process CPU seconds per step (less
+sensitive to other processes than wall time, though 2 threads spinning on a busy machine inflate it
+too), and the 1/5/15-minute load average before and after each row, because this machine is shared.
+Writes JSON (atomically) to experiments/benchmarks/results/torch_reference_step.json; earlier runs
+in that file move to its "history" list.
 """
 import argparse
 import json
@@ -104,7 +104,8 @@ class DualEncoder(nn.Module):
 
 
 def soft_cross_entropy(logits_BxQ, labels_BxQ):
-  """Soft cross-entropy (docs/objectives.md): mean over rows with a positive of -sum_j t_j log_softmax_j, t = labels / sum."""
+  """Soft cross-entropy (docs/objectives.md): mean over rows with a positive of -sum_j t_j
+  log_softmax_j, t = labels / sum."""
   active_B = labels_BxQ.sum(1) > 0
   targets_BxQ = labels_BxQ / (labels_BxQ.sum(1, keepdim=True) + 1e-10)
   loss_B = -(targets_BxQ * torch.log_softmax(logits_BxQ, dim=1)).sum(1)

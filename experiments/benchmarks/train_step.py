@@ -28,13 +28,14 @@ import jax.numpy as jnp
 
 from bindjax.core import models
 from bindjax.runtime import xla_options
+from bindjax.training import run_spec
 from bindjax.training import train
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def _config(name):
-  c = train.default_config()       # the published run: C=2, V=20, K=2, d 256, 6 layers, B 512
+  c = run_spec.default_config()       # the published run: C=2, V=20, K=2, d 256, 6 layers, B 512
   c.coverage = 0.8
   if name == "small":               # the CPU preset's model (experiments/train.py:cpu)
     c.space.update(num_concepts=2, num_values=4, max_objects=2)
@@ -104,8 +105,8 @@ def matmul_rate(m, k, n, repeats=5):
 
 def bench_config(name, steps, repeats, donate):
   config = _config(name)
-  spec = train.RunSpec.from_config(config)
-  inputs, _ = train.inputs_from_config(config, spec)
+  spec = run_spec.RunSpec.from_config(config)
+  inputs, _ = run_spec.inputs_from_config(config, spec)
   inputs = jax.device_put(inputs)
   state = jax.jit(lambda h: train.init(h.key, spec, h))(inputs)
   step_fn = jax.jit(lambda s, h: train.train_step(s, h, spec),

@@ -1,6 +1,7 @@
 """How often does one complexity fit recover planted structure? Restarts per lever and family.
 
-  python experiments/studies/complexity_stability.py --levers=single,restarts32,restarts64,restarts32_holdout \
+  python experiments/studies/complexity_stability.py \
+      --levers=single,restarts32,restarts64,restarts32_holdout \
       --families=product,sum_product,per_object_product,per_object_sum_product
   python experiments/studies/complexity_stability.py --levers=restarts128 --draws=100 \
       --families=product,sum_product,per_object_sum_product        # and --draws=101
@@ -33,8 +34,8 @@ D = 64, noise 0.05 and code widths 4, 16 and 64, fitted by per_object_sum_produc
 width (E = D) on 5 seeds' object splits (train fraction 0.5), 2,000 steps, with the original's fit
 and the default fit.
 
-Writes experiments/studies/results/complexity_stability/<levers or check>.json and prints a table. Findings:
-docs/findings/complexity_stability.md.
+Writes experiments/studies/results/complexity_stability/<levers or check>.json and prints a table.
+Findings: docs/findings/complexity_stability.md.
 """
 import argparse
 import dataclasses
@@ -48,6 +49,7 @@ import numpy as np
 from bindjax.base import files
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
+from bindjax.complexity import fit_programs
 from bindjax.complexity import fitting
 from bindjax.frozen.probes import linear
 
@@ -150,7 +152,7 @@ def per_object_check(data, config, embed_dim, fraction, probe_steps=500):
   everything_3xN = np.ones((3, data.num_scenes), bool)
   probes, _ = linear.fit_probes(data.targets_NxD, data.labels, everything_3xN[0],
                                 linear.ProbeConfig(steps=probe_steps))
-  on_planted = fitting.evaluate_predictions(data.targets_NxD, data, probes, everything_3xN)
+  on_planted = fit_programs.evaluate_predictions(data.targets_NxD, data, probes, everything_3xN)
   report = {"probe_object_acc": float(on_planted["object_acc"][0])}
   points = data_lib.make_points(data.num_unique, [fraction], [0], [1e-2])
   train = data_lib.MASKS.index("train_only")

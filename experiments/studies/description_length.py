@@ -11,9 +11,9 @@ count and the baseline (the code without concepts). One process per seed keeps e
   nice -n 10 python experiments/studies/description_length.py --seed=0 --models=mlp:256 \
       --learning_rate=1e-3 --tag=_mlp_lr1e-3
 
-Writes experiments/studies/results/description_length/<set>_seed<seed>[_E<embed_dim>]<tag>.json (every row of
-`description_length.measure`, with per-block bits, and the settings) after each family, and
-prints a table.
+Writes experiments/studies/results/description_length/<set>_seed<seed>[_E<embed_dim>]<tag>.json
+(every row of `description_length.measure`, with per-block bits, and the settings) after each
+family, and prints a table.
 """
 import argparse
 import os

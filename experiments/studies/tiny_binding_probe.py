@@ -1,8 +1,8 @@
 """Can a 1-layer tiny model bind? Training-object accuracy split by the kind of 2-object scene.
 
 The tiny config (experiments/train.py:tiny at warm-up 0.1: C=2, V=4, K=2, d_model 32, 1 layer,
-coverage 1) is trained (bindjax.training.train.train_step, several seeds vmapped) and then evaluated on
-fresh training-object batches of 512 with every object a query. Two-object scenes are split into:
+coverage 1) is trained (bindjax.training.train.train_step, several seeds vmapped) and then evaluated
+on fresh training-object batches of 512 with every object a query. Two-object scenes are split into:
 
   same       both slots hold the same object          (1/16 of 2-object scenes at V=4)
   share      the objects share exactly one value      (6/16): the bag of concept tokens
@@ -47,6 +47,7 @@ from bindjax.core import models
 from bindjax.core import objectives
 from bindjax.core import scenes
 from bindjax.runtime import xla_options
+from bindjax.training import run_spec
 from bindjax.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -152,11 +153,11 @@ def additive_r2(queries_OxD, spec):
 
 def run_config(overrides, seeds, eval_batches, eval_batch_size, log_every, fast_compile=True):
   config = apply_overrides(base_config(), overrides)
-  spec = train.RunSpec.from_config(config)
+  spec = run_spec.RunSpec.from_config(config)
   replica_inputs = []
   for s in seeds:
     config.seed = s
-    replica_inputs.append(train.inputs_from_config(config, spec)[0])
+    replica_inputs.append(run_spec.inputs_from_config(config, spec)[0])
   inputs_R = jax.tree.map(lambda *x: np.stack(x), *replica_inputs)
   evaluate = make_eval(spec, eval_batches, eval_batch_size)
 

@@ -11,8 +11,9 @@ objects of each scene, with one of these read-outs of its 16-d output z:
           dual encoder without concept queries), soft cross-entropy
 
 Adam(W) with warm-up + cosine decay, batch 256, several seeds vmapped. Reports set-separation
-accuracy (docs/objectives.md#set-separation-accuracy, every object a query) overall and on "ambiguous" 2-object scenes (objects
-that differ in both concepts, which only binding tells apart from the cross pair).
+accuracy (docs/objectives.md#set-separation-accuracy, every object a query) overall and on
+"ambiguous" 2-object scenes (objects that differ in both concepts, which only binding tells apart
+from the cross pair).
 
   python experiments/studies/tiny_binding_readout.py --modes=bce,ce,cos,tower --steps=1000
 
@@ -29,6 +30,7 @@ import numpy as np
 import optax
 
 from bindjax.base import files
+from bindjax.core import model_config
 from bindjax.core import models
 from bindjax.core import scenes
 from bindjax.core import world
@@ -41,8 +43,8 @@ MODES = ("bce", "ce", "cos", "tower")
 def run_mode(mode, *, layers, d_model, heads, d_ff, steps, lr, batch_size, seeds):
   space = world.ObjectSpace.create(4, 2, num_concepts=2)
   num_objects = space.num_objects
-  cfg = models.ModelConfig.for_space(space, d_model=d_model, num_heads=heads, num_layers=layers,
-                                     d_ff=d_ff, d_out=16)
+  cfg = model_config.ModelConfig.for_space(space, d_model=d_model, num_heads=heads,
+                                           num_layers=layers, d_ff=d_ff, d_out=16)
   sampler = scenes.SamplerConfig(batch_size=batch_size)
   permutation = jnp.arange(num_objects, dtype=jnp.int32)
   tower = models.Tower(cfg, 16, space.scene_length)

@@ -184,32 +184,15 @@ def read_reference_folder(directory, embeddings_file=None):
     raise ValueError(f"{directory}: dataset.pkl (or dataset.json) missing")
   scenes = read_dataset(dataset_path)
   values = meta["values_per_concept"]
-  max_objects = meta.get("num_objects")
   try:
-    objects, num_objects = embeddings_lib.scenes_to_arrays(scenes, len(values), max_objects)
+    objects, num_objects = embeddings_lib.scenes_to_arrays(scenes, len(values),
+                                                          meta.get("num_objects"))
   except ValueError as e:
     raise ValueError(f"{dataset_path} (with {meta_path}): {e}") from None
-
-  if embeddings_file is None:
-    path = find_embeddings_file(directory)
-  else:
-    path = os.fspath(embeddings_file)
-    if not os.path.isabs(path) and os.path.exists(os.path.join(directory, path)):
-      path = os.path.join(directory, path)  # relative to the folder first, then to the cwd
-    if not os.path.exists(path):
-      raise ValueError(f"embeddings file {embeddings_file} not found (also looked in "
-                       f"{directory})")
+  path = _embeddings_path(directory, embeddings_file)
   array, probes, info = read_embeddings_file(path)
-
   rows, row_kind = _match_rows(array.shape[0], num_objects, path, dataset_path)
-  captions = None
-  if os.path.exists(json_path):
-    data = files.read_json(json_path)
-    if isinstance(data, dict) and isinstance(data.get("captions"), list):
-      if len(data["captions"]) != len(scenes):
-        raise ValueError(f"{json_path}: {len(data['captions'])} captions for {len(scenes)} "
-                         f"scenes in {dataset_path}")
-      captions = [str(c) for c in data["captions"]]
+  captions = _captions(json_path, len(scenes), dataset_path)
   concept_names, value_names = _names(meta)
   provenance = {
       "source": "reference", "folder": os.path.abspath(directory),
@@ -233,6 +216,33 @@ def read_reference_folder(directory, embeddings_file=None):
     raise ValueError(f"{directory} ({os.path.basename(path)}, "
                      f"{os.path.basename(dataset_path)}, metadata.json): {e}") from None
   return out
+
+
+def _embeddings_path(directory, embeddings_file):
+  """The embeddings file to read: the folder's one candidate, or `embeddings_file` relative to
+  the folder first, then to the working directory."""
+  if embeddings_file is None:
+    return find_embeddings_file(directory)
+  path = os.fspath(embeddings_file)
+  if not os.path.isabs(path) and os.path.exists(os.path.join(directory, path)):
+    path = os.path.join(directory, path)
+  if not os.path.exists(path):
+    raise ValueError(f"embeddings file {embeddings_file} not found (also looked in "
+                     f"{directory})")
+  return path
+
+
+def _captions(json_path, num_scenes, dataset_path):
+  """The captions of dataset.json, one per scene; None when it has none."""
+  if not os.path.exists(json_path):
+    return None
+  data = files.read_json(json_path)
+  if not (isinstance(data, dict) and isinstance(data.get("captions"), list)):
+    return None
+  if len(data["captions"]) != num_scenes:
+    raise ValueError(f"{json_path}: {len(data['captions'])} captions for {num_scenes} "
+                     f"scenes in {dataset_path}")
+  return [str(c) for c in data["captions"]]
 
 
 def _names(meta):

@@ -23,6 +23,7 @@ import os
 
 import numpy as np
 
+from bindjax.core import model_config
 from bindjax.core import models
 from bindjax.frozen.compat import torch_format
 
@@ -212,6 +213,35 @@ def params_from_state_dicts(checkpoint, **overrides):
   """
   if not isinstance(checkpoint, dict):
     raise ValueError(f"checkpoint: expected a dict, got {type(checkpoint).__name__}")
+  scene, query, fields = _towers(checkpoint)
+  config = checkpoint.get("config") or {}
+  if not isinstance(config, dict):
+    config = dict(getattr(config, "__dict__", {}))
+  stated = _config_value(config, "similarity")
+  if stated is not None and str(stated).lower() != fields["similarity"]:
+    raise ValueError(f"checkpoint config similarity={stated!r} but the tower shapes say "
+                     f"{fields['similarity']!r}")
+  fields.update(_config_fields(config, fields["vocab_size"]))
+  fields.update(overrides)
+  for field in ("num_heads", "scene_length", "query_length"):
+    if field not in fields:
+      raise ValueError(f"checkpoint config has no {field} (looked for "
+                       f"{_CONFIG_ALIASES.get(field, (field,))} in {sorted(config)}); pass "
+                       f"{field}=... explicitly")
+  _check_special_tokens(config, fields)
+  model_config.ModelConfig(**fields)  # validates
+
+  tau = np.asarray(checkpoint.get("tau", model_config.ModelConfig.tau_init), np.float32)
+  if tau.size != 1:
+    raise ValueError(f"checkpoint tau: expected a scalar, got shape {tau.shape}")
+  params = {"scene_tower": scene, "query_tower": query, "tau": tau.reshape(())}
+  step = checkpoint.get("global_step", 0)
+  return params, fields, int(np.asarray(0 if step is None else step).item())
+
+
+def _towers(checkpoint):
+  """(scene tower params, query tower params, ModelConfig fields the shapes give) of a
+  checkpoint's two state dicts."""
   for key in ("scene_encoder", "probe_encoder"):
     if not isinstance(checkpoint.get(key), dict):
       raise ValueError(f"checkpoint: missing state dict {key!r} (keys: {sorted(checkpoint)})")
@@ -226,25 +256,22 @@ def params_from_state_dicts(checkpoint, **overrides):
   if extra not in (0, 1):
     raise ValueError(f"checkpoint: probe_encoder emits {query_info['out_features']} features "
                      f"for scene_encoder's {d_out}; expected equal (cosine) or one more (dot)")
-  similarity = "dot" if extra else "cosine"
-
-  config = checkpoint.get("config") or {}
-  if not isinstance(config, dict):
-    config = dict(getattr(config, "__dict__", {}))
-  stated = _config_value(config, "similarity")
-  if stated is not None and str(stated).lower() != similarity:
-    raise ValueError(f"checkpoint config similarity={stated!r} but the tower shapes say "
-                     f"{similarity!r}")
-
   fields = dict(vocab_size=scene_info["vocab_size"], d_model=scene_info["d_model"],
                 num_layers=scene_info["num_layers"], d_ff=scene_info["d_ff"], d_out=d_out,
-                similarity=similarity, variant="pre_ln")
+                similarity="dot" if extra else "cosine", variant="pre_ln")
+  return scene, query, fields
+
+
+def _config_fields(config, vocab_size):
+  """ModelConfig fields the checkpoint's config gives: heads, PAD token (else the last token)
+  and the sequence lengths (else from C and K)."""
+  fields = {}
   num_heads = _config_int(config, "num_heads")
   if num_heads is not None:
     fields["num_heads"] = num_heads
   pad = _config_int(config, "pad_token")
   # PAD is the last token (docs/world.md#tokens).
-  fields["pad_token"] = fields["vocab_size"] - 1 if pad is None else pad
+  fields["pad_token"] = vocab_size - 1 if pad is None else pad
   num_concepts = _config_int(config, "num_concepts")
   max_objects = _config_int(config, "max_objects")
   scene_length = _config_int(config, "scene_length")
@@ -257,21 +284,7 @@ def params_from_state_dicts(checkpoint, **overrides):
     fields["scene_length"] = scene_length
   if query_length is not None:
     fields["query_length"] = query_length
-  fields.update(overrides)
-  for field in ("num_heads", "scene_length", "query_length"):
-    if field not in fields:
-      raise ValueError(f"checkpoint config has no {field} (looked for "
-                       f"{_CONFIG_ALIASES.get(field, (field,))} in {sorted(config)}); pass "
-                       f"{field}=... explicitly")
-  _check_special_tokens(config, fields)
-  models.ModelConfig(**fields)  # validates
-
-  tau = np.asarray(checkpoint.get("tau", models.ModelConfig.tau_init), np.float32)
-  if tau.size != 1:
-    raise ValueError(f"checkpoint tau: expected a scalar, got shape {tau.shape}")
-  params = {"scene_tower": scene, "query_tower": query, "tau": tau.reshape(())}
-  step = checkpoint.get("global_step", 0)
-  return params, fields, int(np.asarray(0 if step is None else step).item())
+  return fields
 
 
 def _check_special_tokens(config, fields):
@@ -291,7 +304,8 @@ def _check_special_tokens(config, fields):
                            f"(SOO, EOO, EOS, PAD must be consecutive with PAD={pad})")
 
 
-def state_dicts_from_params(params, config: models.ModelConfig, global_step=0, upper_case=False):
+def state_dicts_from_params(params, config: model_config.ModelConfig, global_step=0,
+                            upper_case=False):
   """bindjax params -> a checkpoint dict in the original layout (numpy arrays).
 
   The config dict names heads, lengths, similarity and the four special tokens, in upper case
@@ -330,7 +344,7 @@ def load_reference_checkpoint(path, **overrides):
     raise ValueError(f"{path}: {e}") from e
 
 
-def save_reference_checkpoint(params, config: models.ModelConfig, path, global_step=0,
+def save_reference_checkpoint(params, config: model_config.ModelConfig, path, global_step=0,
                               upper_case=False):
   """Writes bindjax params as a torch.save zip in the original checkpoint layout."""
   torch_format.save(state_dicts_from_params(params, config, global_step, upper_case), path)

@@ -254,6 +254,22 @@ def _bank_reconstruction(bank_name, index, embeddings_AxD, mean_D, y_NxD, obj_av
                     "missing_object_vectors": int((~present_2xN).sum())}
 
 
+def _score_reconstructions(reconstructions, weights, labels, y_NxD, index, config):
+  """{name: its R² and info, the base probes' accuracy on it, retrieval of its own scene} of
+  every reconstruction ({name: (pred [N, D], info)})."""
+  names = list(reconstructions)
+  base_weights = jax.tree_util.tree_map(lambda x: x[0], weights)
+  frozen = _score_stack(base_weights, np.stack([reconstructions[k][0] for k in names]).astype(
+      np.float32), labels, np.ones(len(y_NxD), bool), None, config.probe.similarity)
+  scored = {}
+  for r, name in enumerate(names):
+    pred_NxD, info = reconstructions[name]
+    scored[name] = {"probe": {m: float(frozen[m][r]) for m in ("concept_acc", "object_acc")},
+                    "retrieval": _retrieval(pred_NxD, y_NxD, index.ids_Nx2, config.tie_tolerance),
+                    **info}
+  return scored
+
+
 def run_decomposition(embedding_set, config=DecompositionConfig()):
   """Both additive fits, the object estimates and the subtraction suite; returns a results dict."""
   config.validate()
@@ -290,16 +306,7 @@ def run_decomposition(embedding_set, config=DecompositionConfig()):
   for bank_name in banks:
     reconstructions[bank_name] = _bank_reconstruction(bank_name, index, embeddings_AxD, mean_D,
                                                       y_NxD, config.obj_avg_counting)
-  names = list(reconstructions)
-  base_weights = jax.tree_util.tree_map(lambda x: x[0], weights)
-  frozen = _score_stack(base_weights, np.stack([reconstructions[k][0] for k in names]).astype(
-      np.float32), labels, np.ones(n, bool), None, config.probe.similarity)
-  scored = {}
-  for r, name in enumerate(names):
-    pred_NxD, info = reconstructions[name]
-    scored[name] = {"probe": {m: float(frozen[m][r]) for m in ("concept_acc", "object_acc")},
-                    "retrieval": _retrieval(pred_NxD, y_NxD, index.ids_Nx2, config.tie_tolerance),
-                    **info}
+  scored = _score_reconstructions(reconstructions, weights, labels, y_NxD, index, config)
   return {
       "num_two_object_scenes": n,
       "num_single_object_scenes": int(len(index.single_rows_S)),

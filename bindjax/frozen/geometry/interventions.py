@@ -23,6 +23,7 @@ from bindjax.base import config_values
 from bindjax.base import files
 from bindjax.frozen.geometry import common
 from bindjax.frozen.probes import linear
+from bindjax.frozen.probes import probe_analysis
 
 TARGET_DRAWS = ("per_scene", "per_object")
 PROBE_SOURCES = ("auto", "stored", "fit", "none")
@@ -93,7 +94,7 @@ def validate_config(config, embedding_set, index):
     raise ValueError(f"obj_avg_counting={config.obj_avg_counting!r}: expected one of "
                      f"{common.OBJ_AVG_COUNTINGS}")
   if config.probes_file:
-    linear.weights_from_file(config.probes_file, embedding_set.values_per_concept)
+    probe_analysis.weights_from_file(config.probes_file, embedding_set.values_per_concept)
   return common.banks_to_run(config.banks, index)
 
 
@@ -145,7 +146,7 @@ def concept_probe_weights(embedding_set, config):
   ("stored") or linear probes fitted on the set ("fitted"); (None, None) for probes="none"."""
   num_concepts = len(embedding_set.values_per_concept)
   if config.probes_file:
-    weights = linear.weights_from_file(config.probes_file, embedding_set.values_per_concept)
+    weights = probe_analysis.weights_from_file(config.probes_file, embedding_set.values_per_concept)
     return [np.asarray(weights.concept_CxVxD[c, :v], np.float64)
             for c, v in enumerate(embedding_set.values_per_concept)], config.probes_file
   stored = embedding_set.probes or {}
@@ -154,7 +155,7 @@ def concept_probe_weights(embedding_set, config):
   if config.probes in ("auto", "stored") and all(f"concept_{c}" in stored
                                                  for c in range(num_concepts)):
     return [np.asarray(stored[f"concept_{c}"], np.float64) for c in range(num_concepts)], "stored"
-  probes, _ = linear.run_probes(embedding_set, config.probe)
+  probes, _ = probe_analysis.run_probes(embedding_set, config.probe)
   return [np.asarray(probes[f"concept_{c}"], np.float64) for c in range(num_concepts)], "fitted"
 
 

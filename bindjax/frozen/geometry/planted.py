@@ -12,6 +12,7 @@ Single-object scenes embed as the object's slot-0 vector (its concept sum for co
 """
 import numpy as np
 
+from bindjax.core import coverage_splits
 from bindjax.core import world
 from bindjax.frozen import embeddings
 
@@ -34,7 +35,7 @@ def planted_set(kind, values_per_concept=(4, 3), dim=32, noise=0.0, single_objec
     tables = [rng.normal(size=(2, v, dim)) for v in values_per_concept]
     u_2xUxD = sum(t[:, objects_UxC[:, c]] for c, t in enumerate(tables))
   offset_D = offset_scale * rng.normal(size=dim)
-  pairs_Px2 = np.stack(world.ordered_pairs(num_u), axis=1)
+  pairs_Px2 = np.stack(coverage_splits.ordered_pairs(num_u), axis=1)
   if kind == "product":
     two_PxD = u_2xUxD[0, pairs_Px2[:, 0]] * u_2xUxD[1, pairs_Px2[:, 1]]
   else:

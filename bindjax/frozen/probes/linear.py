@@ -3,17 +3,15 @@
 One bias-free linear map D→V_c per concept and one D→U for objects, trained together with the
 summed soft cross-entropy of every head, Adam and a cosine decay to 0, full batch over the
 training rows, as compiled `lax.scan` chunks. `fit_probes` takes a stack of M embedding matrices
-sharing labels and split and fits them all in one `jit(vmap)`; `score_embeddings` scores any (e.g. predicted) embeddings
-with frozen probes and is vmappable over models.
+sharing labels and split and fits them all in one `jit(vmap)`; `score_embeddings` scores any
+(e.g. predicted) embeddings with frozen probes and is vmappable over models. The analysis of a
+set (split, fit, score, files) is `bindjax.frozen.probes.probe_analysis`'s.
 
 Concept heads of different V_c are padded to max V_c and masked, so all heads live in one array.
 """
 import dataclasses
 import functools
-import io
 import math
-import os
-import zipfile
 
 import flax
 import jax
@@ -21,9 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bindjax.base import errors
-from bindjax.base import files
-from bindjax.base import progress as progress_lib
 from bindjax.core import objectives
 
 SIMILARITIES = ("dot", "cosine")
@@ -357,109 +352,6 @@ def probes_to_weights(probes, values_per_concept):
                       jnp.zeros(len(values_per_concept) + 1, jnp.float32))
 
 
-PROBES_FILE = "probes.npz"
-METRICS_FILE = "probe_metrics.json"
-
-
-def write_probes(probes, metrics, workdir):
-  """Writes workdir/probes.npz and workdir/probe_metrics.json atomically; returns their paths."""
-  buffer = io.BytesIO()
-  np.savez(buffer, **probes)
-  probes_path = os.path.join(workdir, PROBES_FILE)
-  metrics_path = os.path.join(workdir, METRICS_FILE)
-  files.write_atomic(probes_path, buffer.getvalue())
-  files.write_json(metrics_path, files.to_jsonable(metrics), indent=1)
-  return probes_path, metrics_path
-
-
-def run(config, embeddings_path, workdir, progress=True):
-  """`bindjax probe`: fits the probes of `config` on the set at `embeddings_path` and writes
-  workdir/probes.npz and probe_metrics.json. Returns (metrics, probes path, metrics path).
-
-  A bad setting raises errors.ConfigError before the set is read; unreadable input ValueError.
-  """
-  from bindjax.frozen import embeddings  # pylint: disable=g-import-not-at-top
-  with errors.config_errors():
-    config = config.validate()
-  embedding_set = embeddings.read_embeddings(embeddings_path)
-  probes, metrics = run_probes(embedding_set, config, progress=progress)
-  metrics["embeddings"] = os.path.abspath(embeddings_path)
-  return (metrics,) + write_probes(probes, metrics, workdir)
-
-
-def read_probes_file(path):
-  """Probe vectors of a probes.npz as `bindjax probe` writes it ({head name: [Q, D] array}).
-
-  Raises ValueError naming the file when it is missing or not an npz of arrays.
-  """
-  try:
-    with np.load(path, allow_pickle=False) as f:
-      return {k: f[k] for k in f.files}
-  except (OSError, ValueError, zipfile.BadZipFile, AttributeError) as e:
-    raise ValueError(f"probes file {path}: expected a probes.npz written by `bindjax probe` "
-                     f"({type(e).__name__}: {e})") from None
-
-
-def weights_from_file(path, values_per_concept):
-  """ProbeWeights (dot scoring) of a probes.npz; ValueError naming the file on a bad file."""
-  try:
-    return probes_to_weights(read_probes_file(path), values_per_concept)
-  except ValueError as e:
-    raise ValueError(f"probes file {path}: {e}" if str(path) not in str(e) else str(e)) from None
-
-
 def to_python(metrics):
   """Arrays -> floats/lists for JSON."""
   return jax.tree_util.tree_map(lambda x: np.asarray(x).tolist(), metrics)
-
-
-def probe_rows(embedding_set, scenes=ProbeConfig.scenes):
-  """Indices of the scenes `run_probes` splits: all of them, or the 2-object scenes alone
-  ("two-object"); ValueError when that leaves fewer than 2."""
-  if scenes not in SCENES:
-    raise ValueError(f"scenes={scenes!r}: expected one of {SCENES}")
-  rows = (np.arange(embedding_set.num_scenes) if scenes == "all"
-          else embedding_set.two_object_rows())
-  if rows.size < 2:
-    raise ValueError(f"scenes={scenes!r}: the set has {rows.size} such scenes; a probe split "
-                     "needs at least 2")
-  return rows
-
-
-def run_probes(embedding_set, config=ProbeConfig(), progress=False):
-  """The probe analysis of an EmbeddingSet (docs/probes.md): split, fit, score train and test.
-
-  config.scenes picks the scenes that are split (the permutation runs over them, in set order);
-  labels and object ids are the whole set's, so the stored probes fit any scene of the set.
-
-  progress: show a progress bar (steps, rate, ETA, training loss) on stderr while fitting.
-
-  Returns (probes dict in EmbeddingSet naming, metrics dict of JSON-ready values).
-  """
-  config.validate()
-  labels = labels_from_set(embedding_set)
-  n = embedding_set.embeddings.shape[0]
-  rows = probe_rows(embedding_set, config.scenes)
-  train_rows, test_rows = scene_split(len(rows), config.seed, config.train_fraction)
-  train_mask = rows_to_mask(rows[train_rows], n)
-  test_mask = rows_to_mask(rows[test_rows], n)
-  bar, on_chunk = progress_lib.loss_bar(config.steps, "step", progress)
-  try:
-    weights, losses = fit_probes(embedding_set.embeddings, labels, train_mask, config, on_chunk)
-  finally:
-    bar.close()
-  z = jnp.asarray(embedding_set.embeddings, jnp.float32)
-  metrics = {
-      "train": to_python(score_embeddings(weights, z, labels, train_mask, config.similarity)),
-      "test": to_python(score_embeddings(weights, z, labels, test_mask, config.similarity)),
-      "final_train_loss": float(losses[-1]),
-      "scenes": config.scenes,
-      "num_scenes": len(rows),
-      "num_train_scenes": int(train_mask.sum()),
-      "num_test_scenes": int(test_mask.sum()),
-      "config": dataclasses.asdict(config),
-  }
-  if config.similarity == "cosine":
-    metrics["log_temperature"] = np.asarray(weights.log_temperature_H).tolist()
-  probes = weights_to_probes(weights, tuple(embedding_set.values_per_concept), config.similarity)
-  return probes, metrics

@@ -1,4 +1,5 @@
-"""3-D MDS figures of quadruples (bindjax.frozen.geometry.mds results): one, or a grid of several."""
+"""3-D MDS figures of quadruples (bindjax.frozen.geometry.mds results): one, or a grid of
+several."""
 import math
 
 import matplotlib

@@ -62,8 +62,9 @@ def plot(series, critical, path_stem, step="final", formats=("png", "pdf"),
   """Draws the panels (seed mean, ± 1 s.d. band, single seeds) and a legend panel; saves them.
 
   series: `bindjax.reporting.report.aggregate` output holding every panel's metric; critical:
-  `critical_coverages` rows in the same order, drawn (dashed ρ*, shaded `level` interval) on the
-  `rho_metric` panel. title: the figure's title in words. Returns the written paths.
+  `bindjax.reporting.statistics.critical_coverages` rows in the same order, drawn (dashed ρ*,
+  shaded `level` interval) on the `rho_metric` panel. title: the figure's title in words.
+  Returns the written paths.
   """
   fig, grid = plt.subplots(2, 3, figsize=(11.0, 6.6), sharey=True, constrained_layout=True)
   axes, key = list(grid.flat[:len(PANELS)]), grid.flat[len(PANELS)]
