@@ -174,6 +174,6 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=2000, keep=2)
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
-                     "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, gpu_plain_400, gpu_quick, "
-                     "paper or paper_20m")
+                     "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, gpu_plain_400, "
+                     "gpu_quick, paper or paper_20m")
   return c

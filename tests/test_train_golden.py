@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bindjax.commands import flags
+from bindjax.training import run_spec
 from bindjax.training import train
 
 PRESETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -23,8 +24,8 @@ def _replica():
   config = flags.load_config(f"{PRESETS}:tiny")
   config.unlock()
   config.update_from_flattened_dict({"num_steps": 20, "coverage": 0.75, "seed": 0})
-  spec = train.RunSpec.from_config(config)
-  inputs, _ = train.inputs_from_config(config, spec)
+  spec = run_spec.RunSpec.from_config(config)
+  inputs, _ = run_spec.inputs_from_config(config, spec)
   return spec, inputs, train.init(inputs.key, spec, inputs)
 
 
