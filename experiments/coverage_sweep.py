@@ -86,6 +86,17 @@ PLAIN_36_COVERAGES = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8
 GPU_PLAIN_STEPS = 40000
 
 
+def _use_cpu_towers(c, product_readout, d_ff=256):
+  """The CPU presets' towers (2 layers, d_model 64, d_out 32), batch 128 with training queries
+  over training objects, 4 evaluation batches of 256 every 500 steps, checkpoints every 1,000."""
+  c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=d_ff, d_out=32,
+                 product_readout=product_readout)
+  c.sampler.update(batch_size=128, train_queries="train")
+  c.eval.update(every=500, batches=4, batch_size=256)
+  c.log_every = 100
+  c.checkpoint.update(every=1000, keep=2)
+
+
 def get_config(arg="smoke"):
   """Sweep config for preset `arg`: one of the presets the module docstring lists."""
   c = run_spec.default_config()
@@ -109,50 +120,32 @@ def get_config(arg="smoke"):
     c.grid.spaces = (CPU_SPACES[arg],)
     c.grid.coverages = CPU_196_COVERAGES if arg == "cpu_196" else CPU_COVERAGES
     c.grid.seeds = (0, 1, 2, 3)
-    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
-                   product_readout="both")
-    c.sampler.update(batch_size=128, train_queries="train")
+    _use_cpu_towers(c, product_readout="both")
     c.optimizer.learning_rate = 1e-3
     c.num_steps = CPU_STEPS[arg]
-    c.eval.update(every=500, batches=4, batch_size=256)
-    c.log_every = 100
-    c.checkpoint.update(every=1000, keep=2)
   elif arg == "cpu_plain_64":
     c.grid.spaces = ((2, 8),)
     c.grid.coverages = (0.3, 0.5, 0.7, 0.9)
     c.grid.seeds = (0, 1)
     c.grid.weight_decays = (0.0, 0.01, 0.03)
-    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
-                   product_readout="none")
-    c.sampler.update(batch_size=128, train_queries="train")
+    _use_cpu_towers(c, product_readout="none")
     c.optimizer.learning_rate = 3e-3
     c.num_steps = 8000
-    c.eval.update(every=500, batches=4, batch_size=256)
-    c.log_every = 100
-    c.checkpoint.update(every=1000, keep=2)
   elif arg == "cpu_plain_36":
     c.grid.spaces = ((2, 6),)
     c.grid.coverages = PLAIN_36_COVERAGES
     c.grid.seeds = (0, 1, 2, 3, 4)
-    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=256, d_out=32,
-                   product_readout="none")
-    c.sampler.update(batch_size=128, train_queries="train")
+    _use_cpu_towers(c, product_readout="none")
     c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
     c.num_steps = 5000
-    c.eval.update(every=500, batches=4, batch_size=256)
-    c.log_every = 100
-    c.checkpoint.update(every=1000, keep=2)
   elif arg == "gpu_plain_400":
     c.grid.spaces = ((2, 20),)
     c.grid.coverages = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     c.grid.seeds = (0, 1, 2, 3)
-    c.model.update(d_model=64, num_heads=4, num_layers=2, d_ff=1024, d_out=32,
-                   product_readout="none")
-    c.sampler.update(batch_size=128, train_queries="train")
+    _use_cpu_towers(c, product_readout="none", d_ff=1024)
     c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
     c.num_steps = GPU_PLAIN_STEPS
-    c.eval.update(every=GPU_PLAIN_STEPS // 20, batches=4, batch_size=256)
-    c.log_every = 100
+    c.eval.every = GPU_PLAIN_STEPS // 20
     c.checkpoint.update(every=GPU_PLAIN_STEPS, keep=1)
   elif arg == "gpu_quick":
     # The published towers on one GPU.
