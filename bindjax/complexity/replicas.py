@@ -82,8 +82,10 @@ class BindingConfig(fitting.EngineConfig):
   # (inf: one batch per family and bucket, every replica padded to the largest count).
   pad_ratio: float = grid_fits.PAD_RATIO
   encode_batch: int = 1024      # scenes per replica per forward pass
-  # CPU hosts: -1 one single-threaded device per core, as config.sweep.cpu_devices of a sweep.
-  cpu_devices: int = -1
+  # CPU hosts: 0 JAX's default device; -1 one single-threaded device per core, as
+  # config.sweep.cpu_devices of a sweep, under which the coordinate solver's first solve was
+  # seen to wait without computing (docs/findings/binding_fits.md).
+  cpu_devices: int = 0
   bootstrap: int = 1000         # resamples of the replicas for the interval of Spearman's ρ
   save_embeddings: bool = False   # also write every fitted replica's embedding set
 
