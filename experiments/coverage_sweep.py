@@ -8,6 +8,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_196 --workdir=runs/cpu_196
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64 --workdir=runs/cpu_plain_64
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_36 --workdir=runs/cpu_plain_36
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_law --workdir=runs/cpu_plain_law
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -31,6 +32,10 @@ Presets (the ARG after the colon):
              60 replicas of plain towers at |O| = 36 (C = 2, V = 6): 12 coverages 0.25–0.9 × 5
              seeds, lr 3e-3 without weight decay, 5,000 steps: the sweep whose every replica
              `bindjax binding` fits (the study's third claim on plain towers that bind).
+  cpu_plain_law
+             the cpu_plain_36 towers and optimiser (lr 3e-3, no weight decay) at |O| = 25 (C = 2,
+             V = 5) and 64 (C = 2, V = 8), coverage 0.3–0.9 (5 points) × 4 seeds, 10,000 steps:
+             with cpu_plain_36, the plain towers' critical coverage at three sizes.
   gpu_plain_400
              plain towers (no product read-out; the cpu towers with d_ff 1,024) at the study's
              |O| = 400 (C = 2, V = 20), coverage 0.2–0.9 (8 points), 4 seeds, lr 3e-3 without
@@ -138,6 +143,13 @@ def get_config(arg="smoke"):
     _use_cpu_towers(c, product_readout="none")
     c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
     c.num_steps = 5000
+  elif arg == "cpu_plain_law":
+    c.grid.spaces = ((2, 5), (2, 8))
+    c.grid.coverages = CPU_COVERAGES
+    c.grid.seeds = (0, 1, 2, 3)
+    _use_cpu_towers(c, product_readout="none")
+    c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
+    c.num_steps = 10000
   elif arg == "gpu_plain_400":
     c.grid.spaces = ((2, 20),)
     c.grid.coverages = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -167,6 +179,6 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=2000, keep=2)
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
-                     "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, gpu_plain_400, "
-                     "gpu_quick, paper or paper_20m")
+                     "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, cpu_plain_law, "
+                     "gpu_plain_400, gpu_quick, paper or paper_20m")
   return c
