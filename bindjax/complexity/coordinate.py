@@ -21,13 +21,10 @@ import jax.numpy as jnp
 LAYOUT = {"additive": (True, False, False), "product": (False, True, False),
           "sum_product": (True, True, False), "per_object_product": (False, True, True),
           "per_object_sum_product": (True, True, True)}
-# Singular values of a coordinate's training Jacobian below this share of its largest span its
-# null space (in float32 the gauge directions sit near 1e-7 of the largest).
-NULL_TOLERANCE = 1e-4
-# A ridge of this share of a coordinate's mean curvature per value (Σ w / V) on θ: among fits
-# of equal training cost it prefers the smallest, which keeps a start that wandered along a
-# direction the data do not see from winning on noise.
-RIDGE = 1e-4
+# Eigenvalues of a coordinate's training normal matrix JᵀJ below this share of its largest span
+# its null space: float32 rounding puts the exact null (gauge) directions near 1e-8 to 1e-7 of
+# the largest, a singular value of J near 1e-4 to 3e-4 of its largest.
+NULL_TOLERANCE = 1e-6
 # Hard-imputation sweeps of the completion start of a two-concept object form.
 IMPUTE_SWEEPS = 30
 # A coordinate's predictions are identified when the null space carries at most this share of
@@ -54,36 +51,27 @@ def _init_theta(key, model):
 
 
 def _rows(theta_P, slots_NxS, model):
-  """Predictions [N] and the sparse Jacobian of every scene: the θ indices [N, Q] it depends on
-  and the derivatives [N, Q] (Q = 1 + 2S)."""
+  """Predictions [N] and the Jacobian [N, P] of every scene.
+
+  Built slot by slot from one-hot value codes (a scene's row is non-zero at its S values of a
+  and of b), not from a scatter: dense rows make JᵀJ one matrix product."""
   has_sum, has_product, per_object = LAYOUT[model.family]
   n, s = slots_NxS.shape
   v_max = max(model.values_per_concept)
-  index_NxS = 1 + jnp.arange(s)[None, :] * v_max + slots_NxS
-  a_NxS = theta_P[index_NxS] * has_sum
-  b_NxS = theta_P[s * v_max + index_NxS]
+  onehot_NxSxV = jax.nn.one_hot(slots_NxS, v_max, dtype=jnp.float32)
+  a_SxV, b_SxV = theta_P[1:].reshape(2, s, v_max)
+  b_NxS = (onehot_NxSxV * b_SxV).sum(-1)
   groups = model.max_objects if per_object else 1
   b_NxGxP = b_NxS.reshape(n, groups, -1)
   size = b_NxGxP.shape[-1]
   # Derivative of a group's product by each factor: the product of the others.
   others_NxGxP = jnp.where(jnp.eye(size, dtype=bool), 1.0, b_NxGxP[:, :, None, :]).prod(-1)
-  pred_N = theta_P[0] + a_NxS.sum(-1) + has_product * b_NxGxP.prod(-1).sum(-1)
-  index_NxQ = jnp.concatenate([jnp.zeros((n, 1), jnp.int32), index_NxS, s * v_max + index_NxS],
-                              -1)
-  grad_NxQ = jnp.concatenate([jnp.ones((n, 1)), jnp.full((n, s), float(has_sum)),
-                              has_product * others_NxGxP.reshape(n, s)], -1)
-  return pred_N, index_NxQ, grad_NxQ
-
-
-def _dense(index_NxQ, grad_NxQ, num_params):
-  """The Jacobian [N, P] of a sparse one."""
-  return (jax.nn.one_hot(index_NxQ, num_params, dtype=jnp.float32) * grad_NxQ[..., None]).sum(1)
-
-
-def _normal_matrix(index_NxQ, grad_NxQ, num_params):
-  """JᵀJ [P, P] of a sparse Jacobian."""
-  j_NxP = _dense(index_NxQ, grad_NxQ, num_params)
-  return j_NxP.T @ j_NxP
+  pred_N = (theta_P[0] + has_sum * (onehot_NxSxV * a_SxV).sum((-1, -2))
+            + has_product * b_NxGxP.prod(-1).sum(-1))
+  jac_NxP = jnp.concatenate(
+      [jnp.ones((n, 1), jnp.float32), has_sum * onehot_NxSxV.reshape(n, -1),
+       has_product * (onehot_NxSxV * others_NxGxP.reshape(n, s, 1)).reshape(n, -1)], -1)
+  return pred_N, jac_NxP
 
 
 def predict(theta_P, slots_NxS, model):
@@ -91,24 +79,27 @@ def predict(theta_P, slots_NxS, model):
   return _rows(theta_P, slots_NxS, model)[0]
 
 
-def _levenberg_marquardt(theta_P, slots_TxS, y_T, weight_T, model, iterations):
-  """`iterations` damped Gauss–Newton steps on Σ_t w_t (pred_t − y_t)² + ridge·‖θ‖²;
+def _ridge(weight_T, model, ridge):
+  """The penalty on ‖θ‖² of `ridge` times a coordinate's mean curvature per value (Σ w / V)."""
+  return ridge * weight_T.sum() / max(model.values_per_concept)
+
+
+def _levenberg_marquardt(theta_P, slots_TxS, y_T, weight_T, model, iterations, ridge):
+  """`iterations` damped Gauss–Newton steps on Σ_t w_t (pred_t − y_t)² + `_ridge`·‖θ‖²;
   (θ, final cost)."""
   num_params = theta_P.shape[0]
-  ridge = RIDGE * weight_T.sum() / max(model.values_per_concept)
+  ridge = _ridge(weight_T, model, ridge)
   cost = lambda t: (weight_T * (predict(t, slots_TxS, model) - y_T) ** 2).sum() + ridge * (
       t ** 2).sum()
   eye = jnp.eye(num_params, dtype=jnp.float32)
 
   def step(_, carry):
     theta, current, damping = carry
-    pred_T, index_TxQ, grad_TxQ = _rows(theta, slots_TxS, model)
-    grad_TxQ = grad_TxQ * jnp.sqrt(weight_T)[:, None]
+    pred_T, jac_TxP = _rows(theta, slots_TxS, model)
+    jac_TxP = jac_TxP * jnp.sqrt(weight_T)[:, None]
     r_T = (pred_T - y_T) * jnp.sqrt(weight_T)
-    h_PxP = _normal_matrix(index_TxQ, grad_TxQ, num_params)
-    h_PxP = h_PxP + ridge * eye
-    g_P = jnp.zeros(num_params, jnp.float32).at[index_TxQ].add(grad_TxQ * r_T[:, None])
-    g_P = g_P + ridge * theta
+    h_PxP = jac_TxP.T @ jac_TxP + ridge * eye
+    g_P = jac_TxP.T @ r_T + ridge * theta
     scale = jnp.trace(h_PxP) / num_params + 1e-12
     trial = theta + jnp.linalg.solve(h_PxP + damping * scale * eye, -g_P)
     trial_cost = cost(trial)
@@ -147,34 +138,34 @@ def _completion_start(values_UxC, y_U, weight_U, model, sweeps=IMPUTE_SWEEPS):
   return jnp.concatenate([c[None], row_V * has_sum, col_V * has_sum, b0_V, b1_V])
 
 
-def _best_of_starts(key, slots_TxS, y_T, weight_T, model, starts, iterations):
+def _best_of_starts(key, slots_TxS, y_T, weight_T, model, starts, iterations, ridge):
   """One coordinate fitted from `starts` starts drawn from `key` (the first, for one object of
   two concepts, `_completion_start`); the cheapest (θ, cost)."""
   theta_RxP = jax.vmap(lambda k: _init_theta(k, model))(jax.random.split(key, starts))
   if model.num_slots == 2 and LAYOUT[model.family][2]:
     theta_RxP = theta_RxP.at[0].set(_completion_start(slots_TxS, y_T, weight_T, model))
   theta_RxP, cost_R = jax.vmap(lambda t: _levenberg_marquardt(
-      t, slots_TxS, y_T, weight_T, model, iterations))(theta_RxP)
+      t, slots_TxS, y_T, weight_T, model, iterations, ridge))(theta_RxP)
   best = jnp.argmin(jnp.where(jnp.isfinite(cost_R), cost_R, jnp.inf))
   return theta_RxP[best], cost_R[best]
 
 
-def _solve_coordinates(key, slots_TxS, targets_TxD, weight_T, model, starts, iterations):
+def _solve_coordinates(key, slots_TxS, targets_TxD, weight_T, model, starts, iterations,
+                       ridge):
   """θ [D, P] and cost [D] of every coordinate; each coordinate draws its own starts, since
   shared starts would fail together."""
   keys_Dx2 = jax.random.split(key, targets_TxD.shape[1])
   return jax.vmap(lambda k, y_T: _best_of_starts(k, slots_TxS, y_T, weight_T, model, starts,
-                                                 iterations), in_axes=(0, 1))(keys_Dx2,
-                                                                              targets_TxD)
+                                                 iterations, ridge),
+                  in_axes=(0, 1))(keys_Dx2, targets_TxD)
 
 
-def _linear_fit(slots_TxS, targets_TxD, weight_T, model):
+def _linear_fit(slots_TxS, targets_TxD, weight_T, model, ridge):
   """θ [D, P] of the additive form, linear in θ: one least-squares solve (ridge as in
   `_levenberg_marquardt`) whose normal matrix all coordinates share."""
   theta_P = _init_theta(jax.random.PRNGKey(0), model)
-  _, index_TxQ, grad_TxQ = _rows(theta_P, slots_TxS, model)
-  j_TxP = _dense(index_TxQ, grad_TxQ * jnp.sqrt(weight_T)[:, None], theta_P.shape[0])
-  ridge = RIDGE * weight_T.sum() / max(model.values_per_concept)
+  j_TxP = _rows(theta_P, slots_TxS, model)[1] * jnp.sqrt(weight_T)[:, None]
+  ridge = _ridge(weight_T, model, ridge)
   rhs_PxD = j_TxP.T @ (targets_TxD * jnp.sqrt(weight_T)[:, None])
   return jnp.linalg.solve(j_TxP.T @ j_TxP + ridge * jnp.eye(theta_P.shape[0]), rhs_PxD).T
 
@@ -199,8 +190,9 @@ def _object_tables(values_TxKxC, ids_TxK, targets_TxD, weight_T, num_objects):
 
 
 def solve(key, rows_T, weight_T, targets_TxD, values_NxKxC, ids_NxK, num_objects, model,
-          starts, iterations):
-  """Every coordinate of one model fitted from `starts` starts, the cheapest kept.
+          starts, iterations, ridge):
+  """Every coordinate of one model fitted from `starts` starts, the cheapest kept, under a
+  penalty of `ridge` times the mean curvature per value on ‖θ‖² (`_ridge`).
 
   rows_T: the training scenes among the N scenes (values_NxKxC, object ids ids_NxK < num_objects);
   weight_T: 1 on valid rows, 0 on padding; targets_TxD: their targets in the fit's units. The
@@ -215,12 +207,12 @@ def solve(key, rows_T, weight_T, targets_TxD, values_NxKxC, ids_NxK, num_objects
   n, k, c = values_NxKxC.shape
   slots_NxS = values_NxKxC.reshape(n, k * c)
   if model.family == "additive":
-    theta_DxP = _linear_fit(slots_NxS[rows_T], targets_TxD, weight_T, model)
+    theta_DxP = _linear_fit(slots_NxS[rows_T], targets_TxD, weight_T, model, ridge)
     # Linear: the Jacobian, so the answer, is the same for every coordinate.
     return theta_DxP, identified(theta_DxP[:1], slots_NxS[rows_T], weight_T, slots_NxS, model)
   if not LAYOUT[model.family][2]:
     theta_DxP = _solve_coordinates(key, slots_NxS[rows_T], targets_TxD, weight_T, model, starts,
-                                   iterations)[0]
+                                   iterations, ridge)[0]
     return theta_DxP, identified(theta_DxP, slots_NxS[rows_T], weight_T, slots_NxS, model)
   g_KxUxD, count_KxU = _object_tables(values_NxKxC[rows_T], ids_NxK[rows_T], targets_TxD,
                                       weight_T, num_objects)
@@ -229,7 +221,7 @@ def solve(key, rows_T, weight_T, targets_TxD, values_NxKxC, ids_NxK, num_objects
 
   def position(key_2, g_UxD, w_U):
     theta_DxQ = _solve_coordinates(key_2, values_UxC, g_UxD, w_U, single, starts,
-                                   iterations)[0]
+                                   iterations, ridge)[0]
     return theta_DxQ, identified(theta_DxQ, values_UxC, w_U, values_UxC, single)
 
   theta_KxDxQ, share_K = jax.vmap(position)(jax.random.split(key, k), g_KxUxD, count_KxU)
@@ -268,14 +260,13 @@ def identified(theta_DxP, slots_TxS, weight_T, slots_NxS, model):
   num_params = theta_DxP.shape[1]
 
   def one_coordinate(theta_P):
-    _, index_TxQ, grad_TxQ = _rows(theta_P, slots_TxS, model)
-    train_TxP = _dense(index_TxQ, grad_TxQ * jnp.sqrt(weight_T)[:, None], num_params)
-    _, sigma, vt_RxP = jnp.linalg.svd(train_TxP, full_matrices=False)
-    seen_RxP = vt_RxP * (sigma > NULL_TOLERANCE * sigma[0])[:, None]
-    projector_PxP = jnp.eye(num_params) - seen_RxP.T @ seen_RxP
-    _, index_NxQ, grad_NxQ = _rows(theta_P, slots_NxS, model)
-    block_NxQxQ = projector_PxP[index_NxQ[:, :, None], index_NxQ[:, None, :]]
-    leak = jnp.einsum("nq,nqr,nr->", grad_NxQ, block_NxQxQ, grad_NxQ)
-    return leak <= LEAK_TOLERANCE * jnp.maximum((grad_NxQ ** 2).sum(), 1e-30)
+    train_TxP = _rows(theta_P, slots_TxS, model)[1] * jnp.sqrt(weight_T)[:, None]
+    # Eigenvectors of JᵀJ, not an SVD of J: XLA:CPU's SVD of a tall J took ten times the solve.
+    eigenvalues_P, vectors_PxP = jnp.linalg.eigh(train_TxP.T @ train_TxP)
+    seen_PxP = vectors_PxP * (eigenvalues_P > NULL_TOLERANCE * eigenvalues_P[-1])
+    projector_PxP = jnp.eye(num_params) - seen_PxP @ seen_PxP.T
+    all_NxP = _rows(theta_P, slots_NxS, model)[1]
+    leak = ((all_NxP @ projector_PxP) ** 2).sum()
+    return leak <= LEAK_TOLERANCE * jnp.maximum((all_NxP ** 2).sum(), 1e-30)
 
   return jax.lax.map(one_coordinate, theta_DxP, batch_size=16).astype(jnp.float32).mean()

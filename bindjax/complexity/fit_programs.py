@@ -154,7 +154,8 @@ def _solve_one(point, rows_T, valid_T, data, model, config):
   weight_T = valid_T.astype(jnp.float32)
   theta_DxP, share = coordinate.solve(
       point.key_Mx2, rows_T, weight_T, targets_TxD, data.values_NxKxC, data.object_ids_NxK,
-      data.num_unique, model, config.solver_starts, config.solver_iterations)
+      data.num_unique, model, config.solver_starts, config.solver_iterations,
+      config.solver_ridge)
   params = coordinate.to_params(theta_DxP, model)
   se_T = ((model.apply(params, values_TxKxC) - targets_TxD) ** 2).mean(-1)
   return params, objectives.masked_mean(se_T, valid_T), share

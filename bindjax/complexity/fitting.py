@@ -84,6 +84,9 @@ class FitConfig:
   solver: str = "auto"
   solver_starts: int = 8        # coordinate solver: starts per coordinate, the cheapest kept
   solver_iterations: int = 30   # coordinate solver: Levenberg–Marquardt steps per start
+  # coordinate solver: penalty on ‖θ‖² per coordinate, in units of its mean curvature per value
+  # (docs/complexity.md, "The coordinate solver").
+  solver_ridge: float = 1e-4
 
   def __post_init__(self):
     # A number typed on the command line into the "auto" field arrives as a string.
@@ -114,6 +117,8 @@ class FitConfig:
       raise ValueError(f"restart_holdout={self.restart_holdout}: expected 0 ≤ h < 1")
     if self.solver not in SOLVERS:
       raise ValueError(f"solver={self.solver!r}: expected one of {SOLVERS}")
+    if not self.solver_ridge >= 0:
+      raise ValueError(f"solver_ridge={self.solver_ridge}: expected a number ≥ 0")
     if self.solver_starts < 1 or self.solver_iterations < 1:
       raise ValueError(f"solver_starts={self.solver_starts}, solver_iterations="
                        f"{self.solver_iterations}: expected positive integers")

@@ -87,7 +87,10 @@ def summary(rows, run_s):
 def run(args):
   values = (args.values, args.values)
   seeds = list(range(args.seeds))
-  configs = {"old": dataclasses.replace(OLD, steps=args.old_steps), "new": NEW}
+  configs = {"old": dataclasses.replace(OLD, steps=args.old_steps),
+             "new": dataclasses.replace(NEW, solver_ridge=args.solver_ridge,
+                                        solver_starts=args.solver_starts,
+                                        solver_iterations=args.solver_iterations)}
   configs = {name: configs[name] for name in args.solvers}
   cells = []
   for out_dim in args.dims:
@@ -156,6 +159,10 @@ def main():
   parser.add_argument("--solvers", default=["old", "new"], type=lambda s: s.split(","),
                       help="old: the previous default (Adam); new: the default")
   parser.add_argument("--old_steps", default=4000, type=int)
+  parser.add_argument("--solver_ridge", default=NEW.solver_ridge, type=float,
+                      help="the new default's coordinate-solver ridge (FitConfig.solver_ridge)")
+  parser.add_argument("--solver_starts", default=NEW.solver_starts, type=int)
+  parser.add_argument("--solver_iterations", default=NEW.solver_iterations, type=int)
   parser.add_argument("--name", default="", help="suffix of the result files")
   args = parser.parse_args()
   start_load = os.getloadavg()
