@@ -86,7 +86,7 @@ class FitConfig:
   solver_iterations: int = 30   # coordinate solver: Levenberg–Marquardt steps per start
   # coordinate solver: penalty on ‖θ‖² per coordinate, in units of its mean curvature per value
   # (docs/complexity.md, "The coordinate solver").
-  solver_ridge: float = 1e-4
+  solver_ridge: float = 1e-3
 
   def __post_init__(self):
     # A number typed on the command line into the "auto" field arrives as a string.
