@@ -213,3 +213,22 @@ def test_cli_errors_and_output_policy(sweep_dir, tmp_path, monkeypatch, capsys):
                      f"--out={out}", "--step=final", "--noprogress"])
   assert status == 1 and len(err) == 1 and "from step 4" in err[0] and "step 6" in err[0], err
   assert not out.exists()
+
+
+def test_within_coverage_correlation_removes_what_coverage_drives():
+  """Two scores that both rise with coverage and are otherwise independent correlate across
+  coverages and not within them; a within-coverage association survives the centring."""
+  rng = np.random.default_rng(5)
+  coverage = np.repeat([0.3, 0.5, 0.7, 0.9], 15)
+  accuracy = coverage + 0.01 * rng.normal(size=coverage.size)
+  unrelated = coverage + 0.01 * rng.normal(size=coverage.size)
+  pooled = replicas.rank_correlation(unrelated, accuracy, num_bootstrap=200)["rho"]
+  within = replicas.rank_correlation(replicas.centred_ranks(unrelated, coverage),
+                                     replicas.centred_ranks(accuracy, coverage), 200)
+  assert pooled > 0.7 and abs(within["rho"]) < 0.35, (pooled, within)
+  tracking = accuracy + 0.002 * rng.normal(size=coverage.size)
+  within = replicas.rank_correlation(replicas.centred_ranks(tracking, coverage),
+                                     replicas.centred_ranks(accuracy, coverage), 200)
+  assert within["rho"] > 0.8, within
+  ranks = replicas.centred_ranks([3.0, 1.0, np.nan, 5.0], [0, 0, 1, 1])
+  assert ranks[:2].tolist() == [0.5, -0.5] and np.isnan(ranks[2]) and ranks[3] == 0.0

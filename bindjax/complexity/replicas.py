@@ -264,17 +264,35 @@ def rank_correlation(x, y, num_bootstrap, level=0.95, seed=0):
   return out
 
 
+def centred_ranks(values, groups):
+  """Each value's rank among the values of its group (ties averaged), minus the group's mean
+  rank: what is left of a ranking once the groups' own levels are taken out. NaN stays NaN."""
+  values, groups = np.asarray(values, np.float64), np.asarray(groups)
+  out = np.full(values.shape, np.nan)
+  for group in np.unique(groups):
+    members = np.flatnonzero((groups == group) & np.isfinite(values))
+    ranks = stats.rankdata(values[members])
+    out[members] = ranks - ranks.mean()
+  return out
+
+
 def correlations(rows, num_bootstrap):
   """Per fitted model name: rank_correlation of ACCURACY_COLUMN against QUALITY_COLUMN over the
-  fitted replicas (and of ACCURACY_COLUMN against the train-only R², a control)."""
+  fitted replicas, the same within coverage (ranks centred per coverage, `centred_ranks`: the
+  association left once coverage, which moves both, is taken out), and of ACCURACY_COLUMN
+  against the train-only R² (a control)."""
   names = list(dict.fromkeys(r["name"] for r in rows if r["status"] == "fitted"))
   out = []
   for name in names:
     fitted = [r for r in rows if r["name"] == name and r["status"] == "fitted"]
     column = lambda key, fitted=fitted: [np.nan if r[key] is None else r[key] for r in fitted]
+    coverage = [r["coverage"] for r in fitted]
     out.append({"name": name, "family": fitted[0]["family"],
                 "test_only": rank_correlation(column(QUALITY_COLUMN), column(ACCURACY_COLUMN),
                                               num_bootstrap),
+                "within_coverage": rank_correlation(
+                    centred_ranks(column(QUALITY_COLUMN), coverage),
+                    centred_ranks(column(ACCURACY_COLUMN), coverage), num_bootstrap),
                 "train_only": rank_correlation(column("final_train_only_r2"),
                                                column(ACCURACY_COLUMN), num_bootstrap)})
   return out
@@ -290,10 +308,13 @@ def correlations_markdown(table, step):
     return f"{c['rho']:.2f}{interval} ({c['num_points']})"
   lines = [f"# Held-out accuracy vs fit quality ({step} step)", "",
            f"Spearman's ρ of the replicas' `{ACCURACY_COLUMN}` against each fit's R², 95% "
-           "bootstrap interval over replicas, (replicas).", "",
-           "| approximator | test-only R² | train-only R² |", "|---|---|---|"]
+           "bootstrap interval over replicas, (replicas); within coverage: the same of ranks "
+           "centred per coverage.", "",
+           "| approximator | test-only R² | test-only R², within coverage | train-only R² |",
+           "|---|---|---|---|"]
   for row in table:
-    lines.append(f"| {row['name']} | {cell(row['test_only'])} | {cell(row['train_only'])} |")
+    lines.append(f"| {row['name']} | {cell(row['test_only'])} | "
+                 f"{cell(row['within_coverage'])} | {cell(row['train_only'])} |")
   return "\n".join(lines) + "\n"
 
 
