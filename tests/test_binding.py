@@ -232,3 +232,21 @@ def test_within_coverage_correlation_removes_what_coverage_drives():
   assert within["rho"] > 0.8, within
   ranks = replicas.centred_ranks([3.0, 1.0, np.nan, 5.0], [0, 0, 1, 1])
   assert ranks[:2].tolist() == [0.5, -0.5] and np.isnan(ranks[2]) and ranks[3] == 0.0
+
+
+def test_within_coverage_correlation_takes_out_the_object_space_size():
+  """Sweeps of two sizes at the same coverages: a fit quality and an accuracy that both differ by
+  size and are otherwise independent do not correlate within coverage."""
+  rng = np.random.default_rng(6)
+  rows = []
+  for size, level in ((25, 0.0), (64, 1.0)):
+    for coverage in (0.3, 0.5, 0.7, 0.9):
+      for _ in range(8):
+        rows.append({"name": "additive", "family": "additive", "status": "fitted",
+                     "space_size": size, "coverage": coverage,
+                     replicas.QUALITY_COLUMN: level + 0.01 * rng.normal(),
+                     replicas.ACCURACY_COLUMN: level + 0.01 * rng.normal(),
+                     "final_train_only_r2": 1.0})
+  (table,) = replicas.correlations(rows, num_bootstrap=200)
+  assert table["test_only"]["rho"] > 0.7, table
+  assert abs(table["within_coverage"]["rho"]) < 0.35, table

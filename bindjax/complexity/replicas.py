@@ -278,15 +278,15 @@ def centred_ranks(values, groups):
 
 def correlations(rows, num_bootstrap):
   """Per fitted model name: rank_correlation of ACCURACY_COLUMN against QUALITY_COLUMN over the
-  fitted replicas, the same within coverage (ranks centred per coverage, `centred_ranks`: the
-  association left once coverage, which moves both, is taken out), and of ACCURACY_COLUMN
-  against the train-only R² (a control)."""
+  fitted replicas, the same within coverage (ranks centred per object-space size and coverage,
+  `centred_ranks`: the association left once size and coverage, which move both, are taken
+  out), and of ACCURACY_COLUMN against the train-only R² (a control)."""
   names = list(dict.fromkeys(r["name"] for r in rows if r["status"] == "fitted"))
   out = []
   for name in names:
     fitted = [r for r in rows if r["name"] == name and r["status"] == "fitted"]
     column = lambda key, fitted=fitted: [np.nan if r[key] is None else r[key] for r in fitted]
-    coverage = [r["coverage"] for r in fitted]
+    coverage = [f"{r.get('space_size')}/{r['coverage']}" for r in fitted]
     out.append({"name": name, "family": fitted[0]["family"],
                 "test_only": rank_correlation(column(QUALITY_COLUMN), column(ACCURACY_COLUMN),
                                               num_bootstrap),
@@ -309,7 +309,7 @@ def correlations_markdown(table, step):
   lines = [f"# Held-out accuracy vs fit quality ({step} step)", "",
            f"Spearman's ρ of the replicas' `{ACCURACY_COLUMN}` against each fit's R², 95% "
            "bootstrap interval over replicas, (replicas); within coverage: the same of ranks "
-           "centred per coverage.", "",
+           "centred per object-space size and coverage.", "",
            "| approximator | test-only R² | test-only R², within coverage | train-only R² |",
            "|---|---|---|---|"]
   for row in table:
