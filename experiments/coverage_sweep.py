@@ -9,6 +9,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64 --workdir=runs/cpu_plain_64
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_36 --workdir=runs/cpu_plain_36
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_law --workdir=runs/cpu_plain_law
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_product_64 --workdir=runs/cpu_product_64
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -36,6 +37,9 @@ Presets (the ARG after the colon):
              the cpu_plain_36 towers and optimiser (lr 3e-3, no weight decay) at |O| = 25 (C = 2,
              V = 5) and 64 (C = 2, V = 8), coverage 0.3–0.9 (5 points) × 4 seeds, 10,000 steps:
              with cpu_plain_36, the plain towers' critical coverage at three sizes.
+  cpu_product_64
+             cpu_plain_law's |O| = 64 half (grid, seeds, optimiser, 10,000 steps) with the
+             product read-out in both towers: beside it, the read-out is the only difference.
   gpu_plain_400
              plain towers (no product read-out; the cpu towers with d_ff 1,024) at the study's
              |O| = 400 (C = 2, V = 20), coverage 0.2–0.9 (8 points), 4 seeds, lr 3e-3 without
@@ -150,6 +154,13 @@ def get_config(arg="smoke"):
     _use_cpu_towers(c, product_readout="none")
     c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
     c.num_steps = 10000
+  elif arg == "cpu_product_64":
+    c.grid.spaces = ((2, 8),)
+    c.grid.coverages = CPU_COVERAGES
+    c.grid.seeds = (0, 1, 2, 3)
+    _use_cpu_towers(c, product_readout="both")
+    c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
+    c.num_steps = 10000
   elif arg == "gpu_plain_400":
     c.grid.spaces = ((2, 20),)
     c.grid.coverages = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -180,5 +191,5 @@ def get_config(arg="smoke"):
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
                      "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, cpu_plain_law, "
-                     "gpu_plain_400, gpu_quick, paper or paper_20m")
+                     "cpu_product_64, gpu_plain_400, gpu_quick, paper or paper_20m")
   return c

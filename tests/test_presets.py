@@ -31,6 +31,7 @@ SWEEPS = {
     "cpu_plain_64": ((64,), 4, 2, 8000, False, 3),
     "cpu_plain_36": ((36,), 12, 5, 5000, False),
     "cpu_plain_law": ((25, 64), 5, 4, 10000, False),
+    "cpu_product_64": ((64,), 5, 4, 10000, True),
     "gpu_plain_400": ((400,), 8, 4, 40000, False),
     "gpu_quick": ((400,), 7, 1, 15000, False),
     "paper": ((400, 2500, 125000), 9, 3, 50000, False),
