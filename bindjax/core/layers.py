@@ -57,10 +57,51 @@ class Linear(nn.Module):
     # A 2-D matmul: the weight gradient then contracts a plain [N, I] matrix (no activation
     # transposes in the backward pass).
     x_NxI = x_NxI.reshape(-1, x_NxI.shape[-1]).astype(self.dtype)
-    y = jnp.dot(x_NxI, kernel_IxO.astype(self.dtype))
-    if bias_O is not None:
-      y = y + bias_O.astype(self.dtype)
+    kernel_IxO = kernel_IxO.astype(self.dtype)
+    if bias_O is None:
+      y = jnp.dot(x_NxI, kernel_IxO)
+    else:
+      y = jax.lax.platform_dependent(x_NxI, kernel_IxO, bias_O.astype(self.dtype),
+                                     cpu=_dot_with_bias_row, default=_dot_then_bias)
     return y.reshape(*lead, y.shape[-1])
+
+
+def _dot_then_bias(x_NxI, kernel_IxO, bias_O):
+  return jnp.dot(x_NxI, kernel_IxO) + bias_O
+
+
+def _dot_with_bias_row(x_NxI, kernel_IxO, bias_O):
+  """x·W + b as one matmul, [x, 1]·[W; b]. The bias's gradient then comes out of the weight
+  gradient's matmul; as a sum over rows of its own XLA:CPU runs it as a windowed reduction that
+  took 5-15 % of a training step (experiments/benchmarks/step_profile.py). CPU only: elsewhere
+  the odd contraction width could cost the matmul more than the sum."""
+  ones_Nx1 = jnp.ones(x_NxI.shape[:-1] + (1,), x_NxI.dtype)
+  return jnp.dot(jnp.concatenate([x_NxI, ones_Nx1], axis=-1),
+                 jnp.concatenate([kernel_IxO, bias_O[None]], axis=0))
+
+
+@jax.custom_vjp
+def gelu(x):
+  """Exact GELU, x·Φ(x), as `jax.nn.gelu(x, approximate=False)` computes it, with a gradient
+  that reuses Φ(x) from the forward pass (autodiff of the erfc form evaluates it again)."""
+  return x * _normal_cdf(x)
+
+
+def _normal_cdf(x):
+  return jax.lax.erfc(-x * (1 / math.sqrt(2))) / 2
+
+
+def _gelu_forward(x):
+  cdf = _normal_cdf(x)
+  return x * cdf, (x, cdf)
+
+
+def _gelu_backward(residuals, g):
+  x, cdf = residuals
+  return (g * (cdf + x * jnp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))),)
+
+
+gelu.defvjp(_gelu_forward, _gelu_backward)
 
 
 def layer_norm(name):
@@ -181,6 +222,6 @@ class MLP(nn.Module):
     if cfg.variant == "clip":
       h_NxF = h_NxF * jax.nn.sigmoid(1.702 * h_NxF)  # QuickGELU
     else:
-      h_NxF = jax.nn.gelu(h_NxF, approximate=False)
+      h_NxF = gelu(h_NxF)
     return Linear(width, d, self.fc2_init, torch_linear_bias_init(width), cfg.dtype,
                   name="fc2")(h_NxF)
