@@ -82,13 +82,14 @@ def _dot_with_bias_row(x_NxI, kernel_IxO, bias_O):
 
 @jax.custom_vjp
 def gelu(x):
-  """Exact GELU, x·Φ(x), as `jax.nn.gelu(x, approximate=False)` computes it, with a gradient
-  that reuses Φ(x) from the forward pass (autodiff of the erfc form evaluates it again)."""
+  """Exact GELU, x·Φ(x), with a gradient that reuses Φ(x) from the forward pass. Φ comes from
+  erf, which XLA:CPU evaluates more cheaply than the erfc of `jax.nn.gelu(x, approximate=False)`
+  (equal to it within 1e-6 absolute on [-8, 8]); autodiff of that form evaluates erfc again."""
   return x * _normal_cdf(x)
 
 
 def _normal_cdf(x):
-  return jax.lax.erfc(-x * (1 / math.sqrt(2))) / 2
+  return (1 + jax.lax.erf(x * (1 / math.sqrt(2)))) / 2
 
 
 def _gelu_forward(x):
