@@ -147,18 +147,12 @@ def get_config(arg="smoke"):
     _use_cpu_towers(c, product_readout="none")
     c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
     c.num_steps = 5000
-  elif arg == "cpu_plain_law":
-    c.grid.spaces = ((2, 5), (2, 8))
+  elif arg in ("cpu_plain_law", "cpu_product_64"):
+    product = arg == "cpu_product_64"
+    c.grid.spaces = ((2, 8),) if product else ((2, 5), (2, 8))
     c.grid.coverages = CPU_COVERAGES
     c.grid.seeds = (0, 1, 2, 3)
-    _use_cpu_towers(c, product_readout="none")
-    c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
-    c.num_steps = 10000
-  elif arg == "cpu_product_64":
-    c.grid.spaces = ((2, 8),)
-    c.grid.coverages = CPU_COVERAGES
-    c.grid.seeds = (0, 1, 2, 3)
-    _use_cpu_towers(c, product_readout="both")
+    _use_cpu_towers(c, product_readout="both" if product else "none")
     c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
     c.num_steps = 10000
   elif arg == "gpu_plain_400":
