@@ -10,6 +10,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_36 --workdir=runs/cpu_plain_36
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_law --workdir=runs/cpu_plain_law
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_product_64 --workdir=runs/cpu_product_64
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64_wd03 --workdir=runs/cpu_plain_64_wd03
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -40,6 +41,10 @@ Presets (the ARG after the colon):
   cpu_product_64
              cpu_plain_law's |O| = 64 half (grid, seeds, optimiser, 10,000 steps) with the
              product read-out in both towers: beside it, the read-out is the only difference.
+  cpu_plain_64_wd03
+             cpu_plain_law's |O| = 64 half with weight decay 0.03, the one lever that steepened
+             the plain curve at 64 over 2 seeds (cpu_plain_64): does it give a transition at
+             4 seeds?
   gpu_plain_400
              plain towers (no product read-out; the cpu towers with d_ff 1,024) at the study's
              |O| = 400 (C = 2, V = 20), coverage 0.2–0.9 (8 points), 4 seeds, lr 3e-3 without
@@ -147,13 +152,14 @@ def get_config(arg="smoke"):
     _use_cpu_towers(c, product_readout="none")
     c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
     c.num_steps = 5000
-  elif arg in ("cpu_plain_law", "cpu_product_64"):
+  elif arg in ("cpu_plain_law", "cpu_product_64", "cpu_plain_64_wd03"):
     product = arg == "cpu_product_64"
-    c.grid.spaces = ((2, 8),) if product else ((2, 5), (2, 8))
+    c.grid.spaces = ((2, 5), (2, 8)) if arg == "cpu_plain_law" else ((2, 8),)
     c.grid.coverages = CPU_COVERAGES
     c.grid.seeds = (0, 1, 2, 3)
     _use_cpu_towers(c, product_readout="both" if product else "none")
-    c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
+    c.optimizer.update(learning_rate=3e-3,
+                       weight_decay=0.03 if arg == "cpu_plain_64_wd03" else 0.0)
     c.num_steps = 10000
   elif arg == "gpu_plain_400":
     c.grid.spaces = ((2, 20),)
@@ -185,5 +191,6 @@ def get_config(arg="smoke"):
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
                      "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, cpu_plain_law, "
-                     "cpu_product_64, gpu_plain_400, gpu_quick, paper or paper_20m")
+                     "cpu_product_64, cpu_plain_64_wd03, gpu_plain_400, gpu_quick, paper or "
+                     "paper_20m")
   return c

@@ -32,6 +32,7 @@ SWEEPS = {
     "cpu_plain_36": ((36,), 12, 5, 5000, False),
     "cpu_plain_law": ((25, 64), 5, 4, 10000, False),
     "cpu_product_64": ((64,), 5, 4, 10000, True),
+    "cpu_plain_64_wd03": ((64,), 5, 4, 10000, False),
     "gpu_plain_400": ((400,), 8, 4, 40000, False),
     "gpu_quick": ((400,), 7, 1, 15000, False),
     "paper": ((400, 2500, 125000), 9, 3, 50000, False),
@@ -52,6 +53,32 @@ def test_coverage_sweep_presets_are_the_documented_grids(preset):
     assert {r.space_size for r in bucket.replicas} == {bucket.spec.space.num_objects}
     assert bucket.spec.num_steps == steps
     assert (bucket.spec.model.product_readout == "both") == product_readout
+
+
+# Presets run beside cpu_plain_law's |O| = 64 half so that one setting tells them apart: the
+# settings (flattened config keys) each may change besides the grid's sizes.
+PAIRED_WITH_PLAIN_LAW = {
+    "cpu_product_64": {"model.product_readout"},
+    "cpu_plain_64_wd03": {"optimizer.weight_decay"},
+}
+
+
+def _flat(config, prefix=""):
+  out = {}
+  for key, value in config.items():
+    if hasattr(value, "items"):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+@pytest.mark.parametrize("preset", sorted(PAIRED_WITH_PLAIN_LAW))
+def test_paired_presets_differ_from_the_plain_law_in_one_setting(preset):
+  plain, paired = (_flat(load("coverage_sweep", arg)) for arg in ("cpu_plain_law", preset))
+  differ = {key for key in plain.keys() | paired.keys() if plain.get(key) != paired.get(key)}
+  assert differ == PAIRED_WITH_PLAIN_LAW[preset] | {"grid.spaces"}
+  assert set(paired["grid.spaces"]) < set(plain["grid.spaces"])
 
 
 # Per training preset: |O|, steps, layers and width of the towers.
