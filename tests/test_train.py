@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from bindjax.base import errors
 from bindjax.commands import flags
 from bindjax.commands import main as cli
 from bindjax.core import objectives
@@ -67,6 +68,35 @@ def test_missing_field_is_named():
   del c.eval["batches"]
   with pytest.raises(ValueError, match=r"config\.eval\.batches is missing"):
     run_spec.RunSpec.from_config(c)
+
+
+@pytest.mark.parametrize("path,value,match", [
+    ("sweep.chunk_size", "half", r"config\.sweep\.chunk_size='half'"),
+    ("sweep.num_data", 0, r"config\.sweep\.num_data=0"),
+    ("sweep.memory_fraction", 0.0, r"config\.sweep\.memory_fraction=0\.0.*\(0\.0, 1\.0\]"),
+    ("sweep.cpu_devices", -2, r"config\.sweep\.cpu_devices=-2"),
+    ("sweep.packing", "tight", r"config\.sweep\.packing='tight'"),
+    ("log_every", 0, r"config\.log_every=0"),
+    ("checkpoint.every", 0, r"config\.checkpoint\.every=0"),
+    ("checkpoint.keep", 0, r"config\.checkpoint\.keep=0"),
+])
+def test_loop_setting_errors_name_field_and_value(path, value, match):
+  with pytest.raises(ValueError, match=match):
+    run_spec.LoopSpec.from_config(_tiny_config(**{path: value}))
+
+
+def test_loop_settings_are_parsed_into_their_types():
+  settings = run_spec.LoopSpec.from_config(_tiny_config(**{"sweep.chunk_size": "none"}))
+  assert settings.chunk_size is None and settings.keep_best is True
+  settings = run_spec.LoopSpec.from_config(_tiny_config(**{"sweep.chunk_size": "3"}))
+  assert settings.chunk_size == 3
+
+
+def test_a_bad_loop_setting_is_refused_before_the_workdir_is_touched(tmp_path):
+  workdir = tmp_path / "never_written"
+  with pytest.raises(errors.ConfigError, match=r"config\.sweep\.memory_fraction=1\.5"):
+    sweep.run_single(_tiny_config(**{"sweep.memory_fraction": 1.5}), workdir, progress=False)
+  assert not workdir.exists()
 
 
 def test_spec_is_hashable_and_static():

@@ -42,12 +42,11 @@ def run(argv, *, single, description):
                  default_config=functools.partial(_default_config, single))
   config = fv["config"].value
   prog = argv[0]
+  from bindjax.training import run_spec  # pylint: disable=g-import-not-at-top
   with bj_flags.usage_errors(prog):
-    if "sweep" not in config or "cpu_devices" not in config.sweep:
-      raise ValueError("config.sweep.cpu_devices is missing: expected a config built on "
-                       "bindjax.training.run_spec.default_config()")
+    settings = run_spec.LoopSpec.from_config(config)
     # Before anything touches the devices.
-    parallel.use_cpu_cores_as_devices(int(config.sweep.cpu_devices))
+    parallel.use_cpu_cores_as_devices(settings.cpu_devices)
   compilation_cache.enable()
   multihost.maybe_initialize_distributed(fv["coordinator_address"].value,
                                          fv["num_processes"].value, fv["process_id"].value)

@@ -53,8 +53,10 @@ def _has_steps(directory):
 
 
 def _read_run(workdir):
-  """(config, replicas, buckets) of the run in `workdir`; ValueError naming what is wrong."""
+  """(loop settings, replicas, buckets) of the run in `workdir` (`run_spec.LoopSpec`, the grid's
+  `grid.expand_grid`); ValueError naming what is wrong."""
   from bindjax.training import grid  # pylint: disable=g-import-not-at-top
+  from bindjax.training import run_spec  # pylint: disable=g-import-not-at-top
   from bindjax.workdir import results  # pylint: disable=g-import-not-at-top
   if not workdir.is_dir():
     raise ValueError(f"workdir {workdir} does not exist")
@@ -65,11 +67,12 @@ def _read_run(workdir):
                      "--checkpoint)")
   try:
     with config_path.open() as f:
-      config = ml_collections.ConfigDict(json.load(f))
+      config = ml_collections.ConfigDict(results.with_added_settings(json.load(f)))
     replicas, buckets = grid.expand_grid(config)
+    settings = run_spec.LoopSpec.from_config(config)
   except (ValueError, TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
     raise ValueError(f"{config_path}: cannot rebuild the models from this config: {e}") from None
-  return config, replicas, buckets
+  return settings, replicas, buckets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +100,8 @@ class TrainedBucket:
 
 
 def read_buckets(workdir):
-  """(config, replicas, buckets) of a `bindjax train` or `bindjax sweep` workdir (ValueError
-  naming what is wrong)."""
+  """(loop settings, replicas, buckets) of a `bindjax train` or `bindjax sweep` workdir
+  (ValueError naming what is wrong)."""
   return _read_run(files.as_path(workdir))
 
 
@@ -179,9 +182,9 @@ def load_bucket(workdir, bucket, which="best", run=None):
   if which not in CHECKPOINTS:
     raise ValueError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
   workdir = files.as_path(workdir)
-  config, _, buckets = run or _read_run(workdir)
+  settings, _, buckets = run or _read_run(workdir)
   bucket = buckets[bucket]
-  keep_best = bool(config.checkpoint.keep_best)
+  keep_best = settings.keep_best
   use_best = which == "best" and keep_best
   loaded = [_load_part(workdir, part, keep_best, use_best) for part in _parts(workdir, bucket)]
   params, steps, best = (jax.tree.map(lambda *xs: np.concatenate(xs), *column)
@@ -221,11 +224,10 @@ def _load_part(workdir, bucket, keep_best, use_best):
   return chosen, steps, best
 
 
-def _load_replica(workdir, config, bucket, position, which):
+def _load_replica(workdir, keep_best, bucket, position, which):
   """TrainedModel of the replica at `position` of `bucket`, read alone: the one row of the
   arrays it needs (`checkpoint.Checkpoints.restore_row`). None when the bucket's newest
   checkpoint records no row checksums (one written before they were)."""
-  keep_best = bool(config.checkpoint.keep_best)
   use_best = which == "best" and keep_best
   with _bucket_checkpoint(workdir, bucket, keep_best) as (ckpt, step, state):
     read = ckpt.restore_row(_only(state, ("step",), ("step",) if use_best else ()), position,
@@ -256,7 +258,7 @@ def load_workdir(workdir, which="best", replica=None):
     raise errors.ConfigError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
   workdir = files.as_path(workdir)
   run = _read_run(workdir)
-  config, replicas, buckets = run
+  settings, replicas, buckets = run
   if replica is None:
     if len(replicas) != 1:
       raise errors.ConfigError(
@@ -270,7 +272,7 @@ def load_workdir(workdir, which="best", replica=None):
   bucket = buckets[chosen.bucket]
   position = bucket.replicas.index(chosen)
   part = next(p for p in _parts(workdir, bucket) if chosen in p.replicas)
-  trained = _load_replica(workdir, config, part, position - part.start, which)
+  trained = _load_replica(workdir, settings.keep_best, part, position - part.start, which)
   if trained is None:
     trained = load_bucket(workdir, chosen.bucket, which, run).trained(position)
   return trained

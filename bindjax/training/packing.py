@@ -126,8 +126,8 @@ def check_setting(packing):
 
 def choose(sizes, costs, num_devices, num_data=1, device_processes=None, packing="auto"):
   """The sweep's plan: `packed` when packing is "auto" and it keeps more replica slots busy than
-  running the buckets in turn, else `in_turn`."""
-  check_setting(packing)
+  running the buckets in turn, else `in_turn` (packing: one of PACKINGS, checked by
+  `check_setting` where the config is parsed)."""
   num_processes = len(set(device_processes or [0]))
   turn = in_turn(sizes, costs, num_devices, num_data, num_processes)
   if packing == "none":

@@ -15,6 +15,7 @@ from bindjax.core import model_config
 from bindjax.core import scenes
 from bindjax.core import world
 from bindjax.runtime import parallel
+from bindjax.training import packing
 
 
 def default_config():
@@ -183,12 +184,54 @@ class RunSpec(ProgramSpec):
                 weight_decay=_field(config, "optimizer.weight_decay"))
     _int(config, "seed", 0)
     _int(config, "split_seed", -1)
-    for path in ("log_every", "checkpoint.every", "checkpoint.keep"):
-      _int(config, path, 1)
-    if not isinstance(_field(config, "checkpoint.keep_best"), bool):
-      raise ValueError(f"config.checkpoint.keep_best={_field(config, 'checkpoint.keep_best')!r}: "
-                       "expected True or False")
     return spec
+
+
+def _bool(config, path):
+  value = _field(config, path)
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"config.{path}={value!r}: expected True or False")
+  return bool(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+  """How a sweep's loop runs its programs, apart from what they compute (config.sweep,
+  config.checkpoint and log_every): no compiled program's shape depends on it, every replica of
+  a sweep shares it.
+
+  Parsed once from the config at a command's or `run_sweep`'s door (`from_config`); nothing
+  below reads these settings from the config again.
+  """
+  chunk_size: object       # parallel.AUTO, None (all replicas at once) or a count
+  num_data: int            # devices that share one replica's batch
+  memory_fraction: float   # of a device's memory the auto chunk size may plan for
+  fast_compile: bool       # cheaper XLA:CPU compiles of slower code (xla_options)
+  cpu_devices: int         # -1 one single-threaded device per core, 0 JAX's default, or n
+  packing: str             # one of bindjax.training.packing.PACKINGS
+  log_every: int
+  checkpoint_every: int
+  checkpoint_keep: int
+  keep_best: bool          # checkpoints also hold each replica's best parameters
+
+  @classmethod
+  def from_config(cls, config):
+    """The loop settings of `config`; ValueError naming the field, its value and what was
+    expected."""
+    packing_setting = _field(config, "sweep.packing")
+    packing.check_setting(packing_setting)
+    return cls(
+        chunk_size=parallel.chunk_setting(_field(config, "sweep.chunk_size"),
+                                          "config.sweep.chunk_size"),
+        num_data=_int(config, "sweep.num_data", 1),
+        memory_fraction=_float(config, "sweep.memory_fraction", 0.0, 1.0, low_open=True),
+        fast_compile=_bool(config, "sweep.fast_compile"),
+        cpu_devices=_int(config, "sweep.cpu_devices", -1),
+        packing=packing_setting,
+        log_every=_int(config, "log_every", 1),
+        checkpoint_every=_int(config, "checkpoint.every", 1),
+        checkpoint_keep=_int(config, "checkpoint.keep", 1),
+        keep_best=_bool(config, "checkpoint.keep_best"))
 
 
 def check_hyper(*, learning_rate, weight_decay):

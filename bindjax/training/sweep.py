@@ -37,6 +37,7 @@ from bindjax.runtime import parallel
 from bindjax.training import bucket_programs
 from bindjax.training import grid
 from bindjax.training import packing
+from bindjax.training import run_spec
 from bindjax.training import train
 from bindjax.workdir import checkpoint
 from bindjax.workdir import checks as workdir_checks
@@ -61,27 +62,27 @@ def run_sweep(config, workdir, *, overwrite=False, progress=True, log=print, dev
   run. tensorboard: also write the rows as TensorBoard event files (`bindjax.workdir.event_files`).
   """
   with errors.config_errors():
+    settings = run_spec.LoopSpec.from_config(config)
     replicas, buckets = grid.expand_grid(config)
-    parallel.chunk_setting(config.sweep.chunk_size, "config.sweep.chunk_size")
     devices = list(jax.devices() if devices is None else devices)
-    parallel.make_mesh(int(config.sweep.num_data), devices=devices)   # checks num_data
-    packing.check_setting(config.sweep.packing)
+    parallel.make_mesh(settings.num_data, devices=devices)   # num_data divides the devices
   workdir = files.as_path(workdir)
   workdir_checks.check_path(workdir)
   with workdir_checks.ownership(workdir, log):
-    return _run_owned(config, workdir, replicas, buckets, devices, overwrite=overwrite,
-                      progress=progress, log=log, label=name, tensorboard=tensorboard)
+    return _run_owned(config, settings, workdir, replicas, buckets, devices,
+                      overwrite=overwrite, progress=progress, log=log, label=name,
+                      tensorboard=tensorboard)
 
 
-def _plan(config, workdir, buckets, devices):
+def _plan(settings, workdir, buckets, devices):
   """The plan of the sweep's lanes (`packing.choose`); for a resumed run the one whose parts its
   checkpoints belong to (a workdir from before packing existed holds whole buckets).
   errors.ConfigError when no plan on these devices has them."""
   args = ([len(b.replicas) for b in buckets],
           [train.train_step_flops(b.spec) * b.spec.num_steps for b in buckets], len(devices),
-          int(config.sweep.num_data))
+          settings.num_data)
   processes = [d.process_index for d in devices]
-  chosen = packing.choose(*args, device_processes=processes, packing=config.sweep.packing)
+  chosen = packing.choose(*args, device_processes=processes, packing=settings.packing)
   root = workdir / results.CHECKPOINT_DIR
   present = {p.name for p in root.iterdir()} if root.is_dir() else set()
   if not present:
@@ -102,11 +103,11 @@ def _count(n, noun):
   return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("s") else "s")
 
 
-def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progress, log, label,
-               tensorboard):
+def _run_owned(config, settings, workdir, replicas, buckets, devices, *, overwrite, progress,
+               log, label, tensorboard):
   writer = multihost.is_writer()
   config_json, coordinates = _check_workdir(config, workdir, replicas, overwrite, writer)
-  plan = _plan(config, workdir, buckets, devices)
+  plan = _plan(settings, workdir, buckets, devices)
   lanes = [(parallel.make_mesh(plan.num_data, devices=[devices[i] for i in lane.devices]),
             [buckets[p.bucket].part(p.start, p.stop) for p in lane.parts]) for lane in plan.lanes]
   parts = [part for _, lane_parts in lanes for part in lane_parts]
@@ -120,10 +121,10 @@ def _run_owned(config, workdir, replicas, buckets, devices, *, overwrite, progre
   if writer:
     _write_run_files(workdir, config_json, coordinates)
 
-  keep = int(config.checkpoint.keep)
-  managers = {p.key: checkpoint.Checkpoints(p.checkpoint_dir(workdir), keep=keep) for p in parts}
+  managers = {p.key: checkpoint.Checkpoints(p.checkpoint_dir(workdir),
+                                            keep=settings.checkpoint_keep) for p in parts}
   rows = results_writer.ResultsWriter(workdir, replicas, log, tensorboard)
-  loop = _make_loop(config, rows, log)
+  loop = _Loop(results=rows, bar=None, log=log, settings=settings)
   try:
     log(f"{label}: {_count(len(replicas), 'replica')} in {_count(len(buckets), 'bucket')} on "
         f"{_count(len(devices), 'device')} ({_count(jax.process_count(), 'process')}); "
@@ -181,16 +182,6 @@ def _write_run_files(workdir, config_json, coordinates):
                                  (results.REPLICAS_FILE, coordinates, False)):
     if not (workdir / name).exists():
       files.write_json(workdir / name, value, sort_keys=sort_keys)
-
-
-def _make_loop(config, rows, log):
-  """The sweep's _Loop, with the loop settings of `config`."""
-  settings = config.sweep
-  return _Loop(results=rows, bar=None, log=log,
-               keep_best=bool(config.checkpoint.keep_best), chunk_setting=settings.chunk_size,
-               memory_fraction=float(settings.memory_fraction),
-               fast_compile=bool(settings.fast_compile),
-               checkpoint_every=int(config.checkpoint.every), log_every=int(config.log_every))
 
 
 def _restore_lanes(loop, lanes, managers, log):
@@ -305,17 +296,13 @@ class _Loop:
   results: results_writer.ResultsWriter
   bar: object
   log: object
-  keep_best: bool
-  chunk_setting: int
-  memory_fraction: float
-  fast_compile: bool
-  checkpoint_every: int
-  log_every: int
+  settings: run_spec.LoopSpec
   compile_seconds: float = 0.0
 
   def is_logged(self, bucket):
     """Whether the bucket writes rows at a step (`is_logged_step`)."""
-    return functools.partial(is_logged_step, bucket.spec, self.log_every, self.checkpoint_every)
+    return functools.partial(is_logged_step, bucket.spec, self.settings.log_every,
+                             self.settings.checkpoint_every)
 
   @staticmethod
   def complete(bucket, latest):
@@ -332,7 +319,8 @@ class _Loop:
 
   def _restore_state(self, bucket, mesh, inputs, restore, **kwargs):
     """`bucket_programs.restore_state` of the bucket's state on `mesh`."""
-    target = bucket_programs.abstract_bucket_state(bucket.spec, mesh, inputs, self.keep_best)
+    target = bucket_programs.abstract_bucket_state(bucket.spec, mesh, inputs,
+                                                   self.settings.keep_best)
     return bucket_programs.restore_state(restore, target, parallel.replica_sharding(mesh),
                                          **kwargs)
 
@@ -359,9 +347,10 @@ class _Loop:
     """(init_fn, run_fn, eval_fn) of the bucket on `mesh`, compiled and logged."""
     spec = bucket.spec
     t0 = time.perf_counter()
+    settings = self.settings
     init_fn, run_fn, eval_fn, chunk = bucket_programs.compile_bucket(
-        spec, mesh, inputs, self.chunk_setting, self.memory_fraction, self.log,
-        self.fast_compile, self.keep_best)
+        spec, mesh, inputs, settings.chunk_size, settings.memory_fraction, self.log,
+        settings.fast_compile, settings.keep_best)
     seconds = time.perf_counter() - t0
     self.compile_seconds += seconds
     self.log(f"{bucket.name}: {len(bucket.replicas)} replicas (padded to {num_padded}), "
@@ -405,17 +394,18 @@ class _Loop:
     pending = []
     num_steps = spec.num_steps
     step = start
-    for done in dispatch_ends(spec, self.log_every, self.checkpoint_every, start):
+    log_every, checkpoint_every = self.settings.log_every, self.settings.checkpoint_every
+    for done in dispatch_ends(spec, log_every, checkpoint_every, start):
       state, train_metrics = run_fn(state, inputs, bucket_programs.global_scalar(done - step, mesh))
       is_eval = done % spec.eval_every == 0 or done == num_steps
-      is_checkpoint = is_checkpoint_step(spec, self.checkpoint_every, done)
+      is_checkpoint = is_checkpoint_step(spec, checkpoint_every, done)
       eval_metrics = None
       if is_eval:
         state, eval_metrics = eval_fn(state, inputs, bucket_programs.global_scalar(done, mesh))
       # Metrics of the previous logged step: its values are ready by now, this dispatch queued.
       # Divergence is only learnt from flushed rows, so it is checked only when rows were written.
       stop = self._flush(bucket, mesh, pending, postfix)
-      if is_eval or is_checkpoint or stop or done % self.log_every == 0:
+      if is_eval or is_checkpoint or stop or done % log_every == 0:
         pending.append((done, train_metrics, eval_metrics))
       if is_checkpoint or stop:
         self._flush(bucket, mesh, pending, postfix)

@@ -336,6 +336,18 @@ def write_summary(workdir, rows, replicas):
 ADDED_SETTINGS = {"sweep.packing": "auto"}
 
 
+def with_added_settings(saved):
+  """`saved` (a config.json dict) with each ADDED_SETTINGS value it lacks: what it ran as."""
+  saved = json.loads(json.dumps(saved))
+  for key, value in ADDED_SETTINGS.items():
+    *parents, name = key.split(".")
+    node = saved
+    for parent in parents:
+      node = node.setdefault(parent, {})
+    node.setdefault(name, value)
+  return saved
+
+
 def config_json(config):
   """A ConfigDict as the JSON-compatible dict stored in config.json."""
   return json.loads(config.to_json_best_effort(sort_keys=True))
@@ -364,10 +376,7 @@ def check_saved_config(workdir, config):
   saved = files.read_json(path)
   if saved == config:
     return
-  a, b = _flat(saved), _flat(config)
-  for key, value in ADDED_SETTINGS.items():
-    if key not in a and b.get(key) == value:
-      a[key] = value
+  a, b = _flat(with_added_settings(saved)), _flat(config)
   diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
   if not diff:
     return
