@@ -23,6 +23,7 @@ from bindjax.complexity import grid_fits
 from bindjax.complexity import replicas
 from bindjax.frozen import embeddings
 from bindjax.frozen.probes import linear
+from bindjax.runtime import engine
 from bindjax.runtime import parallel
 from bindjax.workdir import results
 
@@ -160,7 +161,7 @@ def test_fits_with_own_targets_and_splits_equal_separate_fits():
   entries = [grid_fits.GridEntry(model, n / 9, 0, 1e-2, split=(p, n), own_index=i)
              for i, (p, n) in enumerate(splits)]
   together, infos = grid_fits.fit_grid(entries, data_of(targets[0]), None, config,
-                                       fitting.auto_mesh(2, jax.devices()[:1]), None,
+                                       engine.auto_mesh(2, jax.devices()[:1]), None,
                                        own=own, pad_ratio=np.inf)
   assert [i["num_models"] for i in infos] == [3]
   for i, entry in enumerate(entries):

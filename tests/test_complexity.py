@@ -20,6 +20,7 @@ from bindjax.complexity import grid_fits
 from bindjax.complexity import results
 from bindjax.complexity import trees
 from bindjax.frozen.probes import linear
+from bindjax.runtime import engine
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "clevr_text")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -188,19 +189,19 @@ def test_chunked_and_sharded_fits_equal_one_vmap():
   model = families.make("sum_product", (3, 3), 2, out_dim=4, embed_dim=3)
   points = data_lib.make_points(9, [0.3, 0.5, 0.7, 0.5], [0, 1, 2, 3], [1e-2, 1e-2, 3e-3, 1e-2])
   config = fitting.FitConfig(steps=20, eval_every=10, schedule="constant")
-  one_device = fitting.auto_mesh(1)
+  one_device = engine.auto_mesh(1)
   whole, info = fitting.fit_models(model, data, probes, points, config, one_device, None)
   # Two devices holding two models each; a tiny memory budget forces one model per device
   # at a time: two lax.map chunks of a 2-way sharded vmap.
-  two_devices = fitting.auto_mesh(4, jax.devices()[:2])
+  two_devices = engine.auto_mesh(4, jax.devices()[:2])
   chunked, info_chunked = fitting.fit_models(model, data, probes, points, config,
                                                 two_devices, chunk_size="auto", memory_bytes=1)
   assert info["chunk_size"] is None and info_chunked["chunk_size"] == 2
   for key in whole:
     assert whole[key].shape == (4, 2, 3) or key == "train_loss"
     np.testing.assert_allclose(whole[key], chunked[key], rtol=2e-4, atol=2e-5)
-  assert fitting.auto_mesh(3).devices.size == 3
-  assert fitting.auto_mesh(9).devices.size == 5
+  assert engine.auto_mesh(3).devices.size == 3
+  assert engine.auto_mesh(9).devices.size == 5
 
 
 def test_random_forest_uses_the_same_splits_and_scoring():

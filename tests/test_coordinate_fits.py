@@ -11,6 +11,7 @@ from bindjax.complexity import families
 from bindjax.complexity import fitting
 from bindjax.complexity import grid_fits
 from bindjax.frozen.probes import linear
+from bindjax.runtime import engine
 
 # Planted draws and split seeds of these tests: used by no default, study or other test.
 DRAW = 8100
@@ -140,7 +141,7 @@ def test_batched_fits_with_own_targets_equal_separate_fits():
   entries = [grid_fits.GridEntry(model, n / 16, 0, 1e-2, split=(p, n), own_index=i)
              for i, (p, n) in enumerate(splits)]
   together, infos = grid_fits.fit_grid(entries, datas[0], None, CONFIG,
-                                       fitting.auto_mesh(2, jax.devices()[:1]), None, own=own,
+                                       engine.auto_mesh(2, jax.devices()[:1]), None, own=own,
                                        pad_ratio=np.inf)
   assert [i["num_models"] for i in infos] == [3] and infos[0]["solver"] == "coordinate"
   for i, entry in enumerate(entries):

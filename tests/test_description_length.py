@@ -18,6 +18,7 @@ from bindjax.complexity import families
 from bindjax.complexity import fitting
 from bindjax.frozen.probes import linear
 from bindjax.frozen.probes import probe_analysis
+from bindjax.runtime import engine
 from test_complexity import DATA, REPO, make_data
 
 # All 625 ordered 2-object scenes of 5 × 5 values, D = 8, planted and fitted with E = 2. Every
@@ -43,7 +44,7 @@ def planted(family, draw=5):
 
 def code(models, data, seed=0):
   """Description-length rows of `models` on `data`, the planted tests' settings, one device."""
-  return dl.measure(models, data, [seed], LEARNING_RATES, CODE, FIT, mesh=fitting.auto_mesh(1))
+  return dl.measure(models, data, [seed], LEARNING_RATES, CODE, FIT, mesh=engine.auto_mesh(1))
 
 
 def bits_per_scene(rows):

@@ -230,17 +230,6 @@ def restart_masks(data, points, config):
   return rows_MxT, valid_MxT, score_MxN
 
 
-def auto_mesh(num_models, devices=None):
-  """Replica mesh over the fewest devices that still give the fewest models per device.
-
-  E.g. 3 models on 8 devices use 3 devices (no padded copies); 9 models use 5 (2 per device).
-  """
-  devices = list(jax.devices() if devices is None else devices)
-  per_device = -(-num_models // len(devices))
-  used = min(len(devices), -(-num_models // per_device))
-  return parallel.make_mesh(devices=devices[:used])
-
-
 class _Batch(typing.NamedTuple):
   """A batch of fits placed on the mesh: the models' points, training rows and masks, restart
   selection masks and own targets (replica-sharded), the data and probes (replicated), and the
@@ -270,7 +259,7 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parall
   """
   config = config.validate().for_family(model.family)
   num_models = int(np.shape(points.learning_rate_M)[0])
-  mesh = mesh or auto_mesh(num_models)
+  mesh = mesh or engine.auto_mesh(num_models)
   rows_MxT, valid_MxT = data_lib.training_rows(data, points)
   adam = config.solver_for(model) == "adam"
   selection = restart_masks(data, points, config) if adam and config.restarts > 1 else ()

@@ -180,7 +180,7 @@ def _check_steps(loaded, positions, evaluations, step):
 
 
 def _mesh(num_models, mesh):
-  return mesh if mesh is not None else fitting.auto_mesh(num_models)
+  return mesh if mesh is not None else engine.auto_mesh(num_models)
 
 
 def encode_bucket(loaded, positions, batch_size, mesh=None):
@@ -361,7 +361,7 @@ def run(settings, workdir, out, step=results.DEFAULT_STEP, mesh=None, log=print,
 
   A setting the sweep cannot serve raises errors.ConfigError; bad or unusable sweep data
   ValueError; nothing is written before every bucket has been fitted. mesh: devices of the
-  encoding and fits (default: `fitting.auto_mesh` per batch).
+  encoding and fits (default: `engine.auto_mesh` per batch).
   """
   names = settings.model_names()
   if step not in results.STEPS:

@@ -2,10 +2,12 @@
 a mesh, chunked to fit in memory and compiled ahead of time.
 
 Its callers are the sweep's bucket programs (`bindjax.training.bucket_programs`), the complexity
-fits (`bindjax.complexity.fitting`) and the sweep-wide encoding (`bindjax.complexity.replicas`).
-Their per-replica functions stay pure and their own; the engine only pads, shards, picks a chunk
-size and compiles:
+fits (`bindjax.complexity.fitting`), the sweep-wide encoding (`bindjax.complexity.replicas`) and
+the linear probe fits (`bindjax.frozen.probes.linear.fit_probes`). Their per-replica functions
+stay pure and their own; the engine only picks a mesh, pads, shards, picks a chunk size and
+compiles:
 
+  auto_mesh(R)               the default mesh: fewest devices that give the fewest R per device
   place(tree, mesh)          pad R to the mesh's replica shards, shard it; (tree, valid_R)
   auto_chunk(mesh, R, bytes) replicas at a time so a chunk fits in device memory (None: all)
   compile_ahead(jitted, ...) lower and compile for given arguments, through `cached`
@@ -34,6 +36,17 @@ def platform(mesh):
 def is_single_cpu(mesh):
   """Whether the replica axis lies on one CPU device (nothing to shard it over)."""
   return parallel.num_replica_shards(mesh) == 1 and platform(mesh) == "cpu"
+
+
+def auto_mesh(num_replicas, devices=None):
+  """Replica mesh over the fewest devices that still give the fewest replicas per device.
+
+  E.g. 3 replicas on 8 devices use 3 devices (no padded copies); 9 replicas use 5 (2 per device).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  per_device = -(-num_replicas // len(devices))
+  used = min(len(devices), -(-num_replicas // per_device))
+  return parallel.make_mesh(devices=devices[:used])
 
 
 def place(tree, mesh):

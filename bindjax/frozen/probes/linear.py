@@ -3,14 +3,17 @@
 One bias-free linear map D→V_c per concept and one D→U for objects, trained together with the
 summed soft cross-entropy of every head, Adam and a cosine decay to 0, full batch over the
 training rows, as compiled `lax.scan` chunks. `fit_probes` takes a stack of M embedding matrices
-sharing labels and split and fits them all in one `jit(vmap)`; `score_embeddings` scores any
-(e.g. predicted) embeddings with frozen probes and is vmappable over models. The analysis of a
-set (split, fit, score, files) is `bindjax.frozen.probes.probe_analysis`'s.
+sharing labels and split and fits them as M replicas of the replica engine
+(`bindjax.runtime.engine`: placed on a mesh, chunked to fit in memory, compiled ahead);
+`score_embeddings` scores any (e.g. predicted) embeddings with frozen probes and is vmappable
+over models. The analysis of a set (split, fit, score, files) is
+`bindjax.frozen.probes.probe_analysis`'s.
 
 Concept heads of different V_c are padded to max V_c and masked, so all heads live in one array.
 """
 import dataclasses
 import functools
+import logging
 import math
 
 import flax
@@ -20,6 +23,8 @@ import numpy as np
 import optax
 
 from bindjax.core import objectives
+from bindjax.runtime import engine
+from bindjax.runtime import parallel
 
 SIMILARITIES = ("dot", "cosine")
 # Which scenes `run_probes` splits and fits: every scene, or the 2-object scenes alone (the
@@ -233,8 +238,8 @@ def init_weights(key, values_per_concept, num_unique, dim, config):
   return ProbeWeights(concept, obj, log_t)
 
 
-# Steps per compiled chunk of a probe fit (at most; a divisor of the steps): the host reports
-# progress between chunks.
+# Steps per compiled call of a probe fit (at most; a divisor of the steps): the host reports
+# progress between calls.
 MAX_CHUNK_STEPS = 1000
 
 
@@ -242,69 +247,113 @@ def _optimizer(config):
   return optax.adam(optax.cosine_decay_schedule(config.learning_rate, config.steps))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "num_models", "dim"))
-def _init_stack(key, labels, num_models, dim, config):
+def bytes_per_model(num_train_rows, dim, labels):
+  """Rough memory (bytes) of one model's probe fit: its parameters ×5 (weights, gradients, Adam's
+  two moments, update), its training rows, and a step's logits ×3 (with their softmax and
+  gradient) over those rows."""
+  num_concepts, _, v_max = labels.concept_CxNxV.shape
+  classes = num_concepts * v_max + labels.object_NxU.shape[-1]
+  parameters = classes * dim + num_concepts + 1
+  return 4 * (5 * parameters + num_train_rows * dim + 3 * num_train_rows * classes)
+
+
+def _initial_state(key, labels, num_models, dim, config):
+  """(ProbeWeights, Adam state) of one initialisation, repeated for M models (host arrays)."""
   weights = init_weights(key, labels.values_per_concept, labels.object_NxU.shape[-1], dim, config)
-  stacked = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (num_models,) + x.shape),
-                                   weights)
-  return stacked, jax.vmap(_optimizer(config).init)(stacked)
+  state = (weights, _optimizer(config).init(weights))
+  return jax.tree_util.tree_map(
+      lambda x: np.broadcast_to(np.asarray(x), (num_models,) + np.shape(x)), state)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "num_steps"), donate_argnums=(0, 1))
-def _train_stack(weights, opt_state, embeddings_MxTxD, labels, config, num_steps):
-  """num_steps Adam steps of every model on all T (training) rows; returns losses [M, steps]."""
+@functools.partial(jax.jit, static_argnames=("config", "num_steps", "chunk_size", "num_shards"),
+                   donate_argnames=("state",))
+def _train_models(state, embeddings_MxTxD, labels, config, num_steps, chunk_size, num_shards):
+  """num_steps Adam steps of every model on all T (training) rows, `chunk_size` models at a
+  time (`parallel.chunked_vmap`): (state, losses [M, num_steps])."""
   optimizer = _optimizer(config)
   all_rows_T = jnp.ones(embeddings_MxTxD.shape[1], bool)
 
-  def fit_one(w, state, z_TxD):
+  def fit_one(state, z_TxD):
     def step(carry, _):
-      w, state = carry
+      w, opt_state = carry
       loss, grads = jax.value_and_grad(probe_loss)(w, z_TxD, labels, all_rows_T,
                                                    config.similarity)
       if config.similarity != "cosine":  # Dot logits have no temperature to learn.
         grads = grads.replace(log_temperature_H=jnp.zeros_like(grads.log_temperature_H))
-      updates, state = optimizer.update(grads, state, w)
-      return (optax.apply_updates(w, updates), state), loss
+      updates, opt_state = optimizer.update(grads, opt_state, w)
+      return (optax.apply_updates(w, updates), opt_state), loss
 
-    (w, state), losses = jax.lax.scan(step, (w, state), None, length=num_steps)
-    return w, state, losses
+    return jax.lax.scan(step, state, None, length=num_steps)
 
-  return jax.vmap(fit_one)(weights, opt_state, embeddings_MxTxD)
+  return parallel.chunked_vmap(fit_one, chunk_size, num_shards)(state, embeddings_MxTxD)
 
 
-def fit_probes(embeddings, labels, train_mask_N, config=ProbeConfig(), on_chunk=None):
-  """Fits all probe heads on the rows of train_mask, for one [N,D] or a stack [M,N,D] of embeddings.
-
-  All M stacks share labels, split and initial weights (seed) and are fitted in one jit(vmap) on
-  their training rows alone (gathered once), in compiled chunks of at most MAX_CHUNK_STEPS
-  steps; on_chunk(steps_in_chunk, loss_M) is called after each. Returns (ProbeWeights, loss
-  curve [steps]) with a leading M axis when the input was a stack.
-  """
-  config.validate()
-  embeddings = jnp.asarray(embeddings, jnp.float32)
-  single = embeddings.ndim == 2
+def _training_rows(embeddings, labels, train_mask_N):
+  """(embeddings [M, T, D] and labels of the training rows (host), whether the input was one
+  [N, D] matrix); ValueError on mismatched shapes."""
+  embeddings_MxNxD = np.asarray(embeddings, np.float32)
+  single = embeddings_MxNxD.ndim == 2
   if single:
-    embeddings = embeddings[None]
-  if embeddings.ndim != 3:
-    raise ValueError(f"embeddings shape {embeddings.shape}: expected [N, D] or [M, N, D]")
-  num_models, n, dim = embeddings.shape
+    embeddings_MxNxD = embeddings_MxNxD[None]
+  if embeddings_MxNxD.ndim != 3:
+    raise ValueError(f"embeddings shape {embeddings_MxNxD.shape}: expected [N, D] or [M, N, D]")
+  n = embeddings_MxNxD.shape[1]
   train_mask_N = np.asarray(train_mask_N).astype(bool)
   if train_mask_N.shape != (n,) or labels.object_NxU.shape[0] != n:
     raise ValueError(f"train_mask shape {train_mask_N.shape} and labels rows "
                      f"{labels.object_NxU.shape[0]}: expected both to have N={n} rows")
   rows_T = np.flatnonzero(train_mask_N)
-  train_MxTxD, train_labels = embeddings[:, rows_T], labels.take(rows_T)
-  weights, opt_state = _init_stack(jax.random.PRNGKey(config.seed), labels, num_models, dim,
-                                   config)
-  chunk = max(d for d in range(1, min(config.steps, MAX_CHUNK_STEPS) + 1) if config.steps % d == 0)
+  return embeddings_MxNxD[:, rows_T], labels.take(rows_T), single
+
+
+def _chunk_size(chunk_size, mesh, num_padded, labels, train_MxTxD, memory_bytes):
+  """fit_probes' chunk_size with "auto" resolved by `engine.auto_chunk`; the labels of the
+  training rows are held once per device."""
+  chunk_size = parallel.chunk_setting(chunk_size)
+  if chunk_size != parallel.AUTO:
+    return chunk_size
+  _, num_train, dim = train_MxTxD.shape
+  label_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(labels))
+  return engine.auto_chunk(mesh, num_padded, bytes_per_model(num_train, dim, labels),
+                           fixed_bytes=label_bytes, memory_bytes=memory_bytes, log=logging.info)
+
+
+def fit_probes(embeddings, labels, train_mask_N, config=ProbeConfig(), on_chunk=None, *,
+               mesh=None, chunk_size=parallel.AUTO, memory_bytes=None):
+  """Fits all probe heads on the rows of train_mask, for one [N,D] or a stack [M,N,D] of embeddings.
+
+  All M stacks share labels, split and initial weights (seed) and are fitted on their training
+  rows alone (gathered once) through the replica engine: placed on `mesh` along its replica axis
+  (default `engine.auto_mesh(M)`), `chunk_size` models at a time ("auto": `engine.auto_chunk` of
+  `bytes_per_model` against `memory_bytes`, default the device's; None: all at once; or an int),
+  in compiled calls (`engine.compile_ahead`) of at most MAX_CHUNK_STEPS steps; on_chunk(
+  steps_in_call, loss_M) is called after each. Returns (ProbeWeights, loss curve [steps]) with a
+  leading M axis when the input was a stack.
+  """
+  config.validate()
+  train_MxTxD, train_labels, single = _training_rows(embeddings, labels, train_mask_N)
+  num_models, _, dim = train_MxTxD.shape
+  mesh = mesh or engine.auto_mesh(num_models)
+  initial = _initial_state(jax.random.PRNGKey(config.seed), labels, num_models, dim, config)
+  (state, train_s), valid = engine.place((initial, train_MxTxD), mesh)
+  labels_r = jax.device_put(train_labels, parallel.replicated_sharding(mesh))
+  steps_per_call = max(d for d in range(1, min(config.steps, MAX_CHUNK_STEPS) + 1)
+                       if config.steps % d == 0)
+  train = engine.compile_ahead(
+      _train_models, state, train_s, labels_r, config=config, num_steps=steps_per_call,
+      chunk_size=_chunk_size(chunk_size, mesh, len(valid), train_labels, train_MxTxD,
+                             memory_bytes),
+      num_shards=parallel.num_replica_shards(mesh))
   losses = []
-  for _ in range(config.steps // chunk):
-    weights, opt_state, loss_MxS = _train_stack(weights, opt_state, train_MxTxD, train_labels,
-                                                config, chunk)
-    losses.append(np.asarray(loss_MxS))
+  for _ in range(config.steps // steps_per_call):
+    state, loss_MxS = train(state, train_s, labels_r)
+    losses.append(parallel.to_host(loss_MxS)[:num_models])
     if on_chunk is not None:
-      on_chunk(chunk, losses[-1][:, -1])
+      on_chunk(steps_per_call, losses[-1][:, -1])
   losses = np.concatenate(losses, axis=1)
+  # Returned as jax arrays on the default device, as callers score with them.
+  weights = jax.tree_util.tree_map(lambda x: jnp.asarray(x[:num_models]),
+                                   parallel.to_host(state[0]))
   if single:
     weights, losses = jax.tree_util.tree_map(lambda x: x[0], (weights, losses))
   return weights, losses
