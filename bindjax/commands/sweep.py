@@ -12,7 +12,6 @@ import logging
 
 from absl import flags
 
-from bindjax.base import files
 from bindjax.commands import flags as bj_flags
 from bindjax.runtime import compilation_cache
 from bindjax.runtime import multihost
@@ -53,7 +52,7 @@ def run(argv, *, single, description):
   from bindjax.training import sweep  # pylint: disable=g-import-not-at-top
   loop = sweep.run_single if single else sweep.run_sweep
   workdir, overwrite = fv["workdir"].value, fv["overwrite"].value
-  finished = (files.as_path(workdir) / results.DONE_FILE).exists() and not overwrite
+  finished = results.is_finished(workdir) and not overwrite
   # orbax logs every failed write many times over; the failure itself ends the run as one line.
   logging.getLogger("absl").setLevel(logging.CRITICAL)
   with bj_flags.run_errors(prog):

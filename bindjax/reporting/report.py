@@ -344,7 +344,7 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
 
   selected = _rows_of_sweeps(workdirs, step)
   # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
-  finished = all((w / results.DONE_FILE).exists() for w in workdirs)
+  finished = all(results.is_finished(w) for w in workdirs)
   series = aggregate(selected, (rho_metric,) + tuple(
       m for m in REPORT_METRICS if m != rho_metric))
   table = statistics.critical_coverages(series)

@@ -111,9 +111,9 @@ def _run_owned(config, settings, workdir, replicas, buckets, devices, *, overwri
   lanes = [(parallel.make_mesh(plan.num_data, devices=[devices[i] for i in lane.devices]),
             [buckets[p.bucket].part(p.start, p.stop) for p in lane.parts]) for lane in plan.lanes]
   parts = [part for _, lane_parts in lanes for part in lane_parts]
-  done_path = workdir / results.DONE_FILE
-  if done_path.exists():
-    done = workdir_checks.finished(workdir, files.read_json(done_path), parts, log)
+  done = results.done_record(workdir)
+  if done is not None:
+    done = workdir_checks.finished(workdir, done, parts, log)
     multihost.sync("bindjax_sweep_finished")
     log(f"the run in {workdir} is finished ({done['num_replicas']} replicas, "
         f"{done['num_buckets']} buckets); nothing to do (pass --overwrite to run it again)")

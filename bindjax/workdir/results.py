@@ -82,6 +82,17 @@ ROW_K = "{K}"
 MAX_K = "max"
 
 
+def is_finished(workdir):
+  """Whether the run in `workdir` is finished: the one test of it (its done record exists, the
+  file a run writes last)."""
+  return (files.as_path(workdir) / DONE_FILE).exists()
+
+
+def done_record(workdir):
+  """The done record of a finished run (`is_finished`), None while it is unfinished."""
+  return files.read_json(files.as_path(workdir) / DONE_FILE) if is_finished(workdir) else None
+
+
 def metric(split, name):
   """The row name of evaluation metric `name` of split HELDOUT or TRAIN: "heldout/binding"."""
   return f"{split}/{name}"
