@@ -147,7 +147,7 @@ def finished(workdir, done, buckets, log):
   if rows is None or results.rows_digest(rows) != expected:
     raise ValueError(f"{path} does not match {results.DONE_FILE} (damaged or edited) and the "
                      "checkpoints cannot rebuild it; restore it from a copy or pass --overwrite")
-  files.write_atomic(path, results.rows_text(rows))
+  results.write_rows(workdir, rows)
   results.write_summary(workdir, rows, [c for _, c in sorted(coordinates.items())])
   log(f"{path} did not match {results.DONE_FILE} (damaged or edited); rebuilt it from the "
       "checkpoints")

@@ -213,6 +213,12 @@ def rows_text(rows):
   return "".join(files.dumps(row) + "\n" for row in rows)
 
 
+def write_rows(workdir, rows):
+  """Writes workdir/results.jsonl whole (atomically), holding `rows`: every whole write of the
+  file goes through here; a running sweep's appends are `results_writer.ResultsWriter`'s."""
+  files.write_atomic(files.as_path(workdir) / RESULTS_FILE, rows_text(rows))
+
+
 def rows_digest(rows):
   """SHA-256 of `rows_text(rows)` (recorded in sweep_done.json)."""
   return hashlib.sha256(rows_text(rows).encode()).hexdigest()

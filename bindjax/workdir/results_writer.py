@@ -7,7 +7,7 @@ lost or damaged before a checkpoint come back, and the run says so. Row contents
 layout are `bindjax.workdir.results`'.
 
 On a workdir that is not local (gs://, ...) the file cannot be appended to (objects are written
-whole), so there it is rewritten whole (`files.write_atomic`) at every checkpoint and at the end
+whole), so there it is rewritten whole (`results.write_rows`) at every checkpoint and at the end
 instead: it shows the rows up to the last checkpoint, not each logged step as it comes.
 """
 import collections
@@ -28,7 +28,8 @@ class ResultsWriter:
   """
 
   def __init__(self, workdir, replicas, log, tensorboard=False):
-    self.path = files.as_path(workdir) / results.RESULTS_FILE
+    self.workdir = files.as_path(workdir)
+    self.path = self.workdir / results.RESULTS_FILE
     self.writer = multihost.is_writer()
     # The rows as TensorBoard curves too (`bindjax.workdir.event_files`), written by process 0.
     self.events = event_files.EventWriter(workdir) if tensorboard and self.writer else None
@@ -89,7 +90,8 @@ class ResultsWriter:
     """Rewrites results.jsonl when it differs from the rows so far; says so when rows the file
     should have held were missing or damaged (rows past a checkpoint are dropped silently: they
     are recomputed)."""
-    text = results.rows_text(self.rows())
+    rows = self.rows()
+    text = results.rows_text(rows)
     old = self.path.read_bytes() if self.path.exists() else b""
     if old == text.encode():
       return
@@ -99,7 +101,7 @@ class ResultsWriter:
     if missing:
       self.log(f"{self.path}: {missing} of the {len(lines)} rows it should hold were missing or "
                f"damaged; {repair}")
-    files.write_atomic(self.path, text)
+    results.write_rows(self.workdir, rows)
 
   def add(self, bucket, step, train_metrics, eval_metrics):
     """Rows of the valid replicas of `bucket` at `step` from host metric arrays [R]."""
@@ -136,7 +138,7 @@ class ResultsWriter:
       self.file.flush()
       os.fsync(self.file.fileno())
     elif self.writer and self.published:
-      files.write_atomic(self.path, results.rows_text(self.rows()))
+      results.write_rows(self.workdir, self.rows())
 
   def finish(self):
     """Closes the file, first making sure it holds every row (rewritten when it does not)."""
