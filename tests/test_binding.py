@@ -25,6 +25,7 @@ from bindjax.frozen import embeddings
 from bindjax.frozen.probes import linear
 from bindjax.runtime import engine
 from bindjax.runtime import parallel
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,7 +81,8 @@ def test_every_replica_and_family_equals_extract_then_complexity(sweep_dir, tmp_
       (i, n) for i in range(4) for n in names)
   assert all(r["status"] == "fitted" and r["checkpoint"] == "best" for r in rows)
   assert [b["num_models"] for b in summary["buckets"]] == [4] * 4
-  best = {r["replica"]: r for r in results.select_evaluations(results.read_rows(sweep_dir))}
+  sweep_rows = layout.Workdir(sweep_dir).read_rows()
+  best = {r["replica"]: r for r in results.select_evaluations(sweep_rows)}
   for row in rows:   # the replica's own evaluation and split sit beside its fits
     assert row["step"] == best[row["replica"]]["step"]
     assert row["heldout/object_accuracy_maxobj"] == best[row["replica"]][
@@ -118,9 +120,9 @@ def test_every_replica_and_family_equals_extract_then_complexity(sweep_dir, tmp_
 def test_a_diverged_replica_is_reported_and_not_fitted(sweep_dir, tmp_path):
   workdir = tmp_path / "sweep"
   shutil.copytree(sweep_dir, workdir)
-  rows = results.read_rows(workdir)
-  coordinates = results.read_replicas(workdir)[3]
-  files.write_jsonl(workdir / results.RESULTS_FILE, [r for r in rows if r["replica"] != 3 or
+  rows = layout.Workdir(workdir).read_rows()
+  coordinates = layout.Workdir(workdir).read_replicas()[3]
+  files.write_jsonl(workdir / layout.RESULTS_FILE, [r for r in rows if r["replica"] != 3 or
                                                       r["step"] < 4] + [
       dict(coordinates, kind="diverged", step=3, diverged=True, diverged_step=3)])
   settings = binding_settings("--config.models=additive,mlp:16", "--config.fit.steps=10",
@@ -207,8 +209,8 @@ def test_cli_errors_and_output_policy(sweep_dir, tmp_path, monkeypatch, capsys):
   # Parameters that do not belong to the chosen evaluation: bad data, nothing written.
   stale = tmp_path / "stale"
   shutil.copytree(sweep_dir, stale)
-  rows = results.read_rows(stale)
-  files.write_jsonl(stale / results.RESULTS_FILE, rows + [
+  rows = layout.Workdir(stale).read_rows()
+  files.write_jsonl(stale / layout.RESULTS_FILE, rows + [
       dict(r, step=6) for r in rows if r["kind"] == "eval" and r["step"] == 4])
   status, err = run(["binding", f"--workdir={stale}", f"--config={BINDING}:smoke",
                      f"--out={out}", "--step=final", "--noprogress"])

@@ -18,7 +18,7 @@ import tensorstore as ts
 from bindjax.frozen import extract
 from bindjax.training import train
 from bindjax.workdir import checkpoint
-from bindjax.workdir import results
+from bindjax.workdir import layout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -285,11 +285,11 @@ def _env(cache_dir):
 
 
 def _rows(workdir):
-  return results.read_rows(workdir)
+  return layout.Workdir(workdir).read_rows()
 
 
 def _finalized_steps(workdir):
-  directory = results.bucket_checkpoint_dir(workdir, 0)
+  directory = layout.Workdir(workdir).bucket_dir(0)
   if not os.path.isdir(directory):
     return []
   return sorted(int(d) for d in os.listdir(directory) if d.isdigit())

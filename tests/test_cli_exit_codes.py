@@ -8,6 +8,7 @@ import pytest
 from bindjax.base import progress
 from bindjax.commands import flags
 from bindjax.commands import main as cli
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 import test_workdir_integrity
@@ -50,7 +51,7 @@ def _sweep_workdir(tmp_path):
   from bindjax.base import files  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / "sweep"
   workdir.mkdir()
-  files.write_json(workdir / results.CONFIG_FILE,
+  files.write_json(workdir / layout.CONFIG_FILE,
                    results.config_json(flags.load_config(f"{SWEEP}:smoke")), sort_keys=True)
   return workdir
 

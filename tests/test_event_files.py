@@ -9,6 +9,7 @@ import pytest
 from bindjax.base import files
 from bindjax.commands import main as cli
 from bindjax.workdir import event_files
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,13 +31,13 @@ def test_a_sweep_writes_each_replicas_curves(tmp_path, capsys, monkeypatch):
   assert cli.main(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress",
                    "--noreport"]) == 0
   capsys.readouterr()
-  coordinates = results.read_replicas(workdir)
-  runs = sorted(os.listdir(workdir / results.TENSORBOARD_DIR))
+  coordinates = layout.Workdir(workdir).read_replicas()
+  runs = sorted(os.listdir(workdir / layout.TENSORBOARD_DIR))
   assert runs == sorted(event_files.run_name(c) for c in coordinates)
   assert runs[0].startswith("replica0000_O9_C2_coverage0.5_seed0_lr")
-  rows = results.read_rows(workdir)
+  rows = layout.Workdir(workdir).read_rows()
   for c in coordinates:
-    curves = _curves(workdir / results.TENSORBOARD_DIR / event_files.run_name(c))
+    curves = _curves(workdir / layout.TENSORBOARD_DIR / event_files.run_name(c))
     mine = [r for r in rows if r[results.REPLICA] == c[results.REPLICA]]
     assert curves["train/loss"].keys() == {r[results.STEP] for r in mine
                                            if r.get("train/loss") is not None}
@@ -55,7 +56,7 @@ def test_without_tensorboard_no_event_files(tmp_path, capsys, monkeypatch):
                    f"--workdir={workdir}", "--noprogress", "--notensorboard"]) == 0
   out = capsys.readouterr().out
   assert "train: 1 replica in 1 bucket on " in out, out   # a run, said as one
-  assert not (workdir / results.TENSORBOARD_DIR).exists()
+  assert not (workdir / layout.TENSORBOARD_DIR).exists()
 
 
 def _row(replica, step, loss):
@@ -71,7 +72,7 @@ def _row(replica, step, loss):
 def test_on_a_store_without_appends_each_checkpoint_writes_new_files(memory_fs):
   writer = event_files.EventWriter(f"{memory_fs}/run")
   writer.add([_row(0, 1, 2.5), _row(1, 1, 3.5)])
-  run = files.as_path(f"{memory_fs}/run/{results.TENSORBOARD_DIR}") / event_files.run_name(
+  run = files.as_path(f"{memory_fs}/run/{layout.TENSORBOARD_DIR}") / event_files.run_name(
       _row(0, 1, 0))
   assert not run.exists()   # nothing until the checkpoint
   writer.sync()
@@ -86,7 +87,7 @@ def test_on_a_store_without_appends_each_checkpoint_writes_new_files(memory_fs):
 def test_a_damaged_record_is_refused(tmp_path):
   writer = event_files.EventWriter(tmp_path)
   writer.add([_row(0, 1, 2.5)])
-  (path,) = glob.glob(str(tmp_path / results.TENSORBOARD_DIR / "*" / "events.*"))
+  (path,) = glob.glob(str(tmp_path / layout.TENSORBOARD_DIR / "*" / "events.*"))
   data = bytearray(open(path, "rb").read())
   data[-6] ^= 1
   open(path, "wb").write(bytes(data))

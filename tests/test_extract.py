@@ -26,7 +26,7 @@ from bindjax.runtime import parallel
 from bindjax.training import bucket_programs
 from bindjax.training import sweep
 from bindjax.workdir import checkpoint
-from bindjax.workdir import results
+from bindjax.workdir import layout
 import test_checkpoint
 import test_sweep
 
@@ -249,7 +249,7 @@ def sweep_workdir(tmp_path_factory):
 
 def _step_dir(workdir):
   """The folder of the bucket's newest checkpoint."""
-  directory = results.bucket_checkpoint_dir(workdir, 0)
+  directory = layout.Workdir(workdir).bucket_dir(0)
   return directory / str(max(int(p.name) for p in directory.iterdir()))
 
 
@@ -266,7 +266,7 @@ def _abstract_state(workdir, ckpt):
 def _whole_restore(workdir):
   """(bucket, state): the bucket's newest checkpoint restored whole, optimiser state and all
   replicas included, onto one device (how extraction read it before reading one row)."""
-  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+  with checkpoint.Checkpoints(layout.Workdir(workdir).bucket_dir(0)) as ckpt:
     bucket, abstract, device = _abstract_state(workdir, ckpt)
     _, state, _ = bucket_programs.restore_state(ckpt.restore, abstract, device)
   return bucket, parallel.to_host(state)
@@ -374,7 +374,7 @@ def test_a_checkpoint_without_row_checksums_extracts_through_the_whole_restore(s
                                                                                 tmp_path):
   old = tmp_path / "old"
   shutil.copytree(sweep_workdir, old)
-  directory = results.bucket_checkpoint_dir(old, 0)
+  directory = layout.Workdir(old).bucket_dir(0)
   with checkpoint.Checkpoints(directory) as ckpt:
     _, abstract, device = _abstract_state(old, ckpt)
     step, state, metadata = ckpt.restore(bucket_programs.checkpoint_target(abstract, device))

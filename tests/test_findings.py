@@ -9,6 +9,7 @@ import pytest
 from bindjax.complexity import replicas
 from bindjax.reporting.plots import phase_transition
 from bindjax.reporting import report
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,8 +62,8 @@ READ_METRICS = sorted({*report.REPORT_METRICS, *(m for m, _ in report.TABLE_METR
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: os.path.relpath(p, REPO))
 def test_the_committed_rows_carry_what_the_report_reads(folder, tmp_path):
-  coordinates = results.read_replicas(folder)
-  rows = results.read_rows(folder)
+  coordinates = layout.Workdir(folder).read_replicas()
+  rows = layout.Workdir(folder).read_rows()
   evals = [r for r in rows if r[results.KIND] == "eval"]
   assert evals and coordinates
   assert [tuple(c) for c in coordinates] == [results.COORDINATES] * len(coordinates)
@@ -83,11 +84,11 @@ def test_the_committed_rows_carry_what_the_report_reads(folder, tmp_path):
   # The row's own K stands in for ROW_K: the binding metric is the K-object accuracy.
   assert (results.metric_value(row, report.BINDING_METRIC)
           == row[results.object_accuracy(results.HELDOUT, k)])
-  if not os.path.exists(os.path.join(folder, results.DONE_FILE)):
+  if not os.path.exists(os.path.join(folder, layout.DONE_FILE)):
     return  # an unfinished sweep writes no summary yet
-  results.write_summary(str(tmp_path), rows, coordinates)
-  with open(os.path.join(folder, results.SUMMARY_FILE)) as f:
-    assert (tmp_path / results.SUMMARY_FILE).read_text() == f.read()
+  layout.Workdir(str(tmp_path)).write_summary(rows, coordinates)
+  with open(os.path.join(folder, layout.SUMMARY_FILE)) as f:
+    assert (tmp_path / layout.SUMMARY_FILE).read_text() == f.read()
 
 
 def test_the_committed_binding_tables_carry_what_the_correlations_read():

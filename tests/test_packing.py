@@ -15,6 +15,7 @@ from bindjax.training import grid
 from bindjax.training import packing
 from bindjax.training import sweep
 from bindjax.training import train
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -113,7 +114,7 @@ def in_turn_and_packed(tmp_path_factory):
     messages = []
     sweep.run_sweep(_three_buckets(setting), workdir, progress=False, log=messages.append,
                     devices=jax.devices()[:2])
-    out[setting] = (workdir, files.read_jsonl(os.path.join(workdir, results.RESULTS_FILE)),
+    out[setting] = (workdir, files.read_jsonl(os.path.join(workdir, layout.RESULTS_FILE)),
                     messages)
   return out
 
@@ -123,14 +124,14 @@ def test_a_packed_sweep_gives_the_rows_of_the_sweep_in_turn(in_turn_and_packed):
                                                     in_turn_and_packed["auto"])
   assert "1 lane of 2 devices (1 per replica), 3 parts, 75% of replica slots busy" in turn_log[0]
   assert "2 lanes of 1 device (1 per replica), 4 parts, 98% of replica slots busy" in log[0]
-  assert sorted(os.listdir(os.path.join(workdir, results.CHECKPOINT_DIR))) == [
+  assert sorted(os.listdir(os.path.join(workdir, layout.CHECKPOINT_DIR))) == [
       "bucket_000", "bucket_001_replicas_000_to_001", "bucket_001_replicas_002_to_002",
       "bucket_002"]
   assert "bucket 1 (replicas 2-2): 1 replicas (padded to 1), |O| = 16, d_model 16" in " ".join(log)
   # A replica's program differs in how many replicas it runs beside, so floats may differ in
   # their last bits; the rows' order, steps and kinds may not.
   test_sweep.assert_rows_close(rows, turn_rows)
-  done = files.read_json(os.path.join(workdir, results.DONE_FILE))
+  done = files.read_json(os.path.join(workdir, layout.DONE_FILE))
   assert done["results_sha256"] == results.rows_digest(rows)
 
 
@@ -138,24 +139,24 @@ def test_a_packed_sweep_resumes_each_part_from_its_checkpoints(in_turn_and_packe
   source, rows, _ = in_turn_and_packed["auto"]
   workdir = str(tmp_path / "resumed")
   shutil.copytree(source, workdir)
-  os.remove(os.path.join(workdir, results.DONE_FILE))
+  os.remove(os.path.join(workdir, layout.DONE_FILE))
   for part in ("bucket_001_replicas_000_to_001", "bucket_002"):
-    shutil.rmtree(os.path.join(workdir, results.CHECKPOINT_DIR, part, str(test_sweep.NUM_STEPS)))
-  with open(os.path.join(workdir, results.RESULTS_FILE), "w") as f:
+    shutil.rmtree(os.path.join(workdir, layout.CHECKPOINT_DIR, part, str(test_sweep.NUM_STEPS)))
+  with open(os.path.join(workdir, layout.RESULTS_FILE), "w") as f:
     f.write("")
   messages = []
   sweep.run_sweep(_three_buckets(), workdir, progress=False, log=messages.append,
                   devices=jax.devices()[:2])
   assert "bucket 1 (replicas 0-1): resumed from the checkpoint at step 4" in messages
   assert "bucket 2: resumed from the checkpoint at step 4" in messages
-  assert files.read_jsonl(os.path.join(workdir, results.RESULTS_FILE)) == rows
+  assert files.read_jsonl(os.path.join(workdir, layout.RESULTS_FILE)) == rows
 
 
 def test_a_packed_workdir_on_other_devices_is_refused_by_its_checkpoints(in_turn_and_packed,
                                                                          tmp_path):
   workdir = str(tmp_path / "moved")
   shutil.copytree(in_turn_and_packed["auto"][0], workdir)
-  os.remove(os.path.join(workdir, results.DONE_FILE))
+  os.remove(os.path.join(workdir, layout.DONE_FILE))
   with pytest.raises(errors.ConfigError, match="checkpoints of a run laid out on other devices"):
     sweep.run_sweep(_three_buckets(), workdir, progress=False, devices=jax.devices()[:1])
 
@@ -165,10 +166,10 @@ def test_a_workdir_from_before_packing_resumes_its_whole_buckets(in_turn_and_pac
   source, rows, _ = in_turn_and_packed["none"]
   workdir = str(tmp_path / "old")
   shutil.copytree(source, workdir)
-  os.remove(os.path.join(workdir, results.DONE_FILE))
-  shutil.rmtree(os.path.join(workdir, results.CHECKPOINT_DIR, "bucket_002",
+  os.remove(os.path.join(workdir, layout.DONE_FILE))
+  shutil.rmtree(os.path.join(workdir, layout.CHECKPOINT_DIR, "bucket_002",
                              str(test_sweep.NUM_STEPS)))
-  path = os.path.join(workdir, results.CONFIG_FILE)
+  path = os.path.join(workdir, layout.CONFIG_FILE)
   saved = files.read_json(path)
   del saved["sweep"]["packing"]
   with open(path, "w") as f:
@@ -178,7 +179,7 @@ def test_a_workdir_from_before_packing_resumes_its_whole_buckets(in_turn_and_pac
                   devices=jax.devices()[:2])
   assert "1 lane of 2 devices" in messages[0]
   assert "bucket 2: resumed from the checkpoint at step 4" in messages
-  assert files.read_jsonl(os.path.join(workdir, results.RESULTS_FILE)) == rows
+  assert files.read_jsonl(os.path.join(workdir, layout.RESULTS_FILE)) == rows
 
 
 def test_extract_reads_a_replica_from_the_part_that_trained_it(in_turn_and_packed):
@@ -226,5 +227,5 @@ def test_two_processes_run_lanes_that_span_both(tmp_path):
   assert codes == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
   assert "2 lanes of 2 devices (1 per replica), 2 parts," in outputs[0]
   test_sweep.assert_rows_close(
-      files.read_jsonl(os.path.join(workdir, results.RESULTS_FILE)),
-      files.read_jsonl(os.path.join(one, results.RESULTS_FILE)))
+      files.read_jsonl(os.path.join(workdir, layout.RESULTS_FILE)),
+      files.read_jsonl(os.path.join(one, layout.RESULTS_FILE)))

@@ -22,6 +22,7 @@ from bindjax.training import grid
 from bindjax.training import sweep
 from bindjax.training import train
 from bindjax.workdir import checkpoint
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,7 +68,7 @@ def get_config(arg=None):
 
 
 def _rows(workdir):
-  return files.read_jsonl(os.path.join(workdir, results.RESULTS_FILE))
+  return files.read_jsonl(os.path.join(workdir, layout.RESULTS_FILE))
 
 
 def _numbers(row):
@@ -132,9 +133,9 @@ def test_sweep_rows_and_nan_replicas(reference):
                   "heldout/concept_accuracy", "train/object_accuracy", "tau", "coverage"):
         assert evaluation[key] is not None
   assert len(by_replica) == 12
-  summary = open(os.path.join(workdir, results.SUMMARY_FILE)).read().splitlines()
+  summary = open(os.path.join(workdir, layout.SUMMARY_FILE)).read().splitlines()
   assert len(summary) == 1 + 12  # one line per replica, diverged ones included
-  assert json.load(open(os.path.join(workdir, results.CONFIG_FILE)))["grid"]["seeds"] == [0, 1, 2]
+  assert json.load(open(os.path.join(workdir, layout.CONFIG_FILE)))["grid"]["seeds"] == [0, 1, 2]
 
 
 def test_vmapped_sweep_equals_separate_runs(reference):
@@ -178,7 +179,7 @@ def test_unsharded_chunked_equals_sharded(reference, tmp_path):
 
 def test_rerun_into_finished_workdir_does_nothing(reference):
   workdir, done, _ = reference
-  path = os.path.join(workdir, results.RESULTS_FILE)
+  path = os.path.join(workdir, layout.RESULTS_FILE)
   before = (open(path).read(), os.stat(path).st_mtime_ns)
   messages = []
   again = sweep.run_sweep(tiny_config(), workdir, progress=False, log=messages.append)
@@ -186,12 +187,12 @@ def test_rerun_into_finished_workdir_does_nothing(reference):
   assert (open(path).read(), os.stat(path).st_mtime_ns) == before
   other = tiny_config()
   other.grid.seeds = (5,)
-  os.rename(os.path.join(workdir, results.DONE_FILE), os.path.join(workdir, "done.bak"))
+  os.rename(os.path.join(workdir, layout.DONE_FILE), os.path.join(workdir, "done.bak"))
   try:
     with pytest.raises(ValueError, match="different config"):
       sweep.run_sweep(other, workdir, progress=False)
   finally:
-    os.rename(os.path.join(workdir, "done.bak"), os.path.join(workdir, results.DONE_FILE))
+    os.rename(os.path.join(workdir, "done.bak"), os.path.join(workdir, layout.DONE_FILE))
 
 
 def test_extract_reads_any_replica_with_its_best_parameters(reference, tmp_path, capsys):
@@ -232,7 +233,7 @@ def test_overwrite_reruns_a_finished_workdir(reference, tmp_path):
   workdir, _, rows = reference
   copy = str(tmp_path / "copy")
   shutil.copytree(workdir, copy)
-  with open(os.path.join(copy, results.RESULTS_FILE), "a") as f:
+  with open(os.path.join(copy, layout.RESULTS_FILE), "a") as f:
     f.write('{"stale": true}\n')
   messages = []
   sweep.run_sweep(tiny_config(), copy, progress=False, overwrite=True, log=messages.append)
@@ -309,7 +310,7 @@ def multi_step(tmp_path_factory):
   """multi_step_config's sweep: (workdir, results.jsonl text)."""
   workdir = str(tmp_path_factory.mktemp("multi_step") / "run")
   sweep.run_sweep(multi_step_config(), workdir, progress=False, log=lambda *_: None)
-  return workdir, open(os.path.join(workdir, results.RESULTS_FILE)).read()
+  return workdir, open(os.path.join(workdir, layout.RESULTS_FILE)).read()
 
 
 def test_rows_and_checkpoints_do_not_depend_on_the_steps_per_dispatch(multi_step, tmp_path):
@@ -324,7 +325,7 @@ def test_rows_and_checkpoints_do_not_depend_on_the_steps_per_dispatch(multi_step
   healthy = [r for r in per_step if r["kind"] != "diverged" and r["step"] in (3, 4, 6)]
   assert [r for r in rows if r["kind"] != "diverged"] == healthy
   assert [r["step"] for r in rows if r["kind"] == "diverged"] == [3] * 6
-  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+  with checkpoint.Checkpoints(layout.Workdir(workdir).bucket_dir(0)) as ckpt:
     assert ckpt.all_steps() == [4, 6]
   for step in (4, 6):
     assert _checkpointed_state(workdir, step) == _checkpointed_state(single, step)
@@ -333,12 +334,12 @@ def test_rows_and_checkpoints_do_not_depend_on_the_steps_per_dispatch(multi_step
 def test_a_resume_into_a_multi_step_dispatch_equals_an_uninterrupted_run(multi_step, tmp_path):
   workdir = str(tmp_path / "resumed")
   shutil.copytree(multi_step[0], workdir)
-  os.remove(os.path.join(workdir, results.DONE_FILE))
-  shutil.rmtree(os.path.join(results.bucket_checkpoint_dir(workdir, 0), "6"))
+  os.remove(os.path.join(workdir, layout.DONE_FILE))
+  shutil.rmtree(os.path.join(layout.Workdir(workdir).bucket_dir(0), "6"))
   messages = []
   sweep.run_sweep(multi_step_config(), workdir, progress=False, log=messages.append)
   assert "bucket 0: resumed from the checkpoint at step 4" in messages
-  assert open(os.path.join(workdir, results.RESULTS_FILE)).read() == multi_step[1]
+  assert open(os.path.join(workdir, layout.RESULTS_FILE)).read() == multi_step[1]
   assert _checkpointed_state(workdir, 6) == _checkpointed_state(multi_step[0], 6)
 
 
@@ -354,7 +355,7 @@ def test_a_bucket_stops_the_step_after_rows_show_every_replica_diverged(tmp_path
   rows = _rows(str(tmp_path))
   assert [(r["kind"], r["step"]) for r in rows] == [("diverged", 3)] * 12
   assert results.diverged_steps(rows) == {i: 1 if i < 6 else 2 for i in range(12)}
-  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(str(tmp_path), 0)) as ckpt:
+  with checkpoint.Checkpoints(layout.Workdir(str(tmp_path)).bucket_dir(0)) as ckpt:
     assert ckpt.all_steps() == [4]
 
 
@@ -363,7 +364,7 @@ def _checkpointed_state(workdir, step):
   _, (bucket,) = grid.expand_grid(tiny_config())
   inputs, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), 8)
   target = bucket_programs.abstract_bucket_state(bucket.spec, parallel.make_mesh(), inputs, True)
-  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+  with checkpoint.Checkpoints(layout.Workdir(workdir).bucket_dir(0)) as ckpt:
     _, state, _ = bucket_programs.restore_state(ckpt.restore, target, parallel.replica_sharding(
         parallel.make_mesh()), step=step)
   return [x.tobytes() for x in jax.tree.leaves(parallel.to_host(state))]
@@ -401,7 +402,7 @@ def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
   proc = subprocess.run([sys.executable, "-c", script], env=_env(8), cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-  assert not os.path.exists(os.path.join(workdir, results.DONE_FILE))
+  assert not os.path.exists(os.path.join(workdir, layout.DONE_FILE))
   assert max(r["step"] for r in _rows(workdir)) == 5
   messages = []
   sweep.run_sweep(tiny_config(), workdir, progress=False, log=messages.append)
@@ -564,13 +565,13 @@ def test_a_workdir_in_memory_round_trips_through_epath(reference, memory_fs, tmp
 
   Checkpoints are the exception: orbax writes gs:// arrays through tensorstore's own GCS driver
   and asks Google Cloud Storage about the bucket, neither of which sees an fsspec file system, so
-  they go to a local folder here (results.bucket_checkpoint_dir redirected).
+  they go to a local folder here (layout.Workdir.bucket_dir redirected).
   """
   from etils import epath
   from bindjax.reporting import report
   local = tmp_path / "checkpoints"
-  monkeypatch.setattr(results, "bucket_checkpoint_dir",
-                      lambda workdir, bucket, members=None: local / f"bucket_{bucket:03d}")
+  monkeypatch.setattr(layout.Workdir, "bucket_dir",
+                      lambda self, bucket, members=None: local / f"bucket_{bucket:03d}")
   workdir = epath.Path(memory_fs) / "sweep"
   _, done, rows = reference
   messages = []
@@ -580,26 +581,26 @@ def test_a_workdir_in_memory_round_trips_through_epath(reference, memory_fs, tmp
     return sweep.run_sweep(tiny_config(), workdir, progress=False, log=messages.append)
 
   assert run()["results_sha256"] == done["results_sha256"]
-  assert files.read_jsonl(workdir / results.RESULTS_FILE) == rows
+  assert files.read_jsonl(workdir / layout.RESULTS_FILE) == rows
   assert sorted(p.name for p in workdir.iterdir()) == sorted(
-      [files.OUTPUTS_FILE, results.CONFIG_FILE, results.REPLICAS_FILE, results.RESULTS_FILE,
-       results.SUMMARY_FILE, results.DONE_FILE])   # no lock left behind, checkpoints local
-  assert run() == files.read_json(workdir / results.DONE_FILE)
+      [files.OUTPUTS_FILE, layout.CONFIG_FILE, layout.REPLICAS_FILE, layout.RESULTS_FILE,
+       layout.SUMMARY_FILE, layout.DONE_FILE])   # no lock left behind, checkpoints local
+  assert run() == files.read_json(workdir / layout.DONE_FILE)
   assert "nothing to do" in messages[-1]
 
-  (workdir / results.RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows[:-3]))
+  (workdir / layout.RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows[:-3]))
   run()
   assert any("rebuilt it from the checkpoints" in m for m in messages)
-  assert files.read_jsonl(workdir / results.RESULTS_FILE) == rows
+  assert files.read_jsonl(workdir / layout.RESULTS_FILE) == rows
 
-  (workdir / results.DONE_FILE).unlink()   # as if killed after its last checkpoint
-  (workdir / results.RESULTS_FILE).unlink()
+  (workdir / layout.DONE_FILE).unlink()   # as if killed after its last checkpoint
+  (workdir / layout.RESULTS_FILE).unlink()
   assert run()["results_sha256"] == done["results_sha256"]
   assert any("resuming at" in m for m in messages)
-  assert files.read_jsonl(workdir / results.RESULTS_FILE) == rows
+  assert files.read_jsonl(workdir / layout.RESULTS_FILE) == rows
 
   summary = report.make_report(str(workdir), num_draws=20, formats=("png",))
-  out = workdir / results.REPORT_DIR
+  out = workdir / layout.REPORT_DIR
   assert summary["workdirs"] == [str(workdir)] and summary["finished"]
   assert files.read_json(out / "critical_coverage.json")["critical_coverage"] == files.to_jsonable(
       summary["critical_coverage"])

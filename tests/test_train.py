@@ -19,7 +19,7 @@ from bindjax.training import grid
 from bindjax.training import run_spec
 from bindjax.training import sweep
 from bindjax.training import train
-from bindjax.workdir import results
+from bindjax.workdir import layout
 
 PRESETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "experiments", "train.py")
@@ -270,7 +270,7 @@ def test_tiny_model_learns_and_coverage_one_reports_training_objects(tmp_path):
   assert final["train/concept_accuracy"] > 0.9
   assert final["train/object_accuracy_1obj"] > 0.9
   assert final["train/object_accuracy"] > 0.7               # ~0.8: see the docstring
-  rows = results.read_rows(tmp_path)
+  rows = layout.Workdir(tmp_path).read_rows()
   assert [r["step"] for r in rows] == [100, 200, 300]
   assert [r["kind"] for r in rows] == ["train", "train", "eval"]   # eval every 300
   assert dict(rows[-1], diverged=False) == final
@@ -306,7 +306,7 @@ def test_non_finite_run_stops_and_the_command_exits_1(tmp_path, capsys):
                                         "log_every": 1, "checkpoint.every": 3})
   final = sweep.run_single(config, tmp_path / "lib", progress=False, log=lambda *a: None)
   assert final["diverged"] and final["diverged_step"] == 1
-  rows = results.read_rows(tmp_path / "lib")
+  rows = layout.Workdir(tmp_path / "lib").read_rows()
   assert [r["kind"] for r in rows] == ["diverged"]   # stopped at once, not trained to the end
   assert extract.load_workdir(tmp_path / "lib", "latest").step == 0   # the last finite state
   with pytest.raises(SystemExit) as e:

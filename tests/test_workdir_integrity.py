@@ -31,6 +31,7 @@ from bindjax.training import bucket_programs
 from bindjax.training import grid
 from bindjax.training import sweep
 from bindjax.workdir import checkpoint
+from bindjax.workdir import layout
 from bindjax.workdir import lock as workdir_lock
 from bindjax.workdir import results
 
@@ -45,7 +46,7 @@ def reference(tmp_path_factory):
   """An uninterrupted run of the tiny sweep: (workdir, results.jsonl text)."""
   workdir = str(tmp_path_factory.mktemp("reference") / "run")
   sweep.run_sweep(test_sweep.tiny_config(), workdir, progress=False, log=lambda *_: None)
-  return workdir, _text(workdir, results.RESULTS_FILE)
+  return workdir, _text(workdir, layout.RESULTS_FILE)
 
 
 def _text(workdir, name):
@@ -57,7 +58,7 @@ def _copy(reference, tmp_path, finished=True):
   workdir = str(tmp_path / "copy")
   shutil.copytree(reference[0], workdir)
   if not finished:
-    os.remove(os.path.join(workdir, results.DONE_FILE))
+    os.remove(os.path.join(workdir, layout.DONE_FILE))
   return workdir
 
 
@@ -91,7 +92,7 @@ def _snapshot(directory):
 
 
 def _data_files(workdir, step):
-  return sorted(glob.glob(os.path.join(results.bucket_checkpoint_dir(workdir, 0), str(step),
+  return sorted(glob.glob(os.path.join(layout.Workdir(workdir).bucket_dir(0), str(step),
                                        "state", "**", "d", "*"), recursive=True))
 
 
@@ -134,10 +135,10 @@ def test_ctrl_c_says_one_line_exits_130_and_the_same_command_resumes(reference, 
   # Stopped inside the save of step 2, before the bar counted it: step 1 of every replica done.
   assert err == [f"bindjax sweep: interrupted at replica-step {len(replicas)} of "
                  f"{len(replicas) * test_sweep.NUM_STEPS}; run the same command to resume"], err
-  assert not os.path.exists(os.path.join(workdir, results.DONE_FILE))
+  assert not os.path.exists(os.path.join(workdir, layout.DONE_FILE))
   code, _, err = run_cli(argv, capsys, monkeypatch)
   assert code == 0 and not err, err
-  assert _text(workdir, results.RESULTS_FILE) == reference[1]
+  assert _text(workdir, layout.RESULTS_FILE) == reference[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,10 +188,10 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path):
   dead = _holder(str(workdir), then="die")
   dead.wait()
   assert dead.returncode == -signal.SIGKILL
-  assert json.loads((workdir / workdir_lock.LOCK_FILE).read_text())["pid"] == dead.pid
+  assert json.loads((workdir / layout.LOCK_FILE).read_text())["pid"] == dead.pid
   with workdir_lock.acquire(workdir) as lock:
     assert lock.stale["pid"] == dead.pid
-    assert json.loads((workdir / workdir_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert json.loads((workdir / layout.LOCK_FILE).read_text())["pid"] == os.getpid()
   assert os.listdir(workdir) == []   # the lock file goes with the lock
 
 
@@ -199,7 +200,7 @@ def test_the_lock_of_a_workdir_in_memory_is_its_record(memory_fs):
   one from another host is refused with the file to remove, and release removes only its own."""
   from etils import epath
   workdir = epath.Path(memory_fs) / "run"
-  path = workdir / workdir_lock.LOCK_FILE
+  path = workdir / layout.LOCK_FILE
   with workdir_lock.acquire(str(workdir)) as lock:
     assert lock.stale is None and json.loads(path.read_text())["pid"] == os.getpid()
     with pytest.raises(workdir_lock.WorkdirLockedError, match=f"in use by another run: pid "
@@ -242,7 +243,7 @@ def test_readers_read_a_live_workdir_without_the_lock(reference, tmp_path, capsy
 @pytest.mark.parametrize("damage", ["cut inside line 5", "deleted", "garbled line 10"])
 def test_rows_lost_or_damaged_before_the_checkpoint_are_rebuilt(reference, tmp_path, damage):
   workdir = _copy(reference, tmp_path, finished=False)
-  path = os.path.join(workdir, results.RESULTS_FILE)
+  path = os.path.join(workdir, layout.RESULTS_FILE)
   lines = reference[1].splitlines(True)
   if damage == "deleted":
     os.remove(path)
@@ -253,29 +254,29 @@ def test_rows_lost_or_damaged_before_the_checkpoint_are_rebuilt(reference, tmp_p
   messages = _resume(workdir)
   assert any("were missing or damaged; rebuilt them from the checkpoints" in m
              for m in messages), messages
-  assert _text(workdir, results.RESULTS_FILE) == reference[1]
-  assert _text(workdir, results.SUMMARY_FILE) == _text(reference[0], results.SUMMARY_FILE)
+  assert _text(workdir, layout.RESULTS_FILE) == reference[1]
+  assert _text(workdir, layout.SUMMARY_FILE) == _text(reference[0], layout.SUMMARY_FILE)
 
 
 def test_a_finished_run_with_a_damaged_results_file_is_rebuilt(reference, tmp_path):
   workdir = _copy(reference, tmp_path)
-  os.remove(os.path.join(workdir, results.RESULTS_FILE))
+  os.remove(os.path.join(workdir, layout.RESULTS_FILE))
   messages = _resume(workdir)
   assert "rebuilt it from the checkpoints" in messages[0] and "is finished" in messages[1]
-  assert _text(workdir, results.RESULTS_FILE) == reference[1]
+  assert _text(workdir, layout.RESULTS_FILE) == reference[1]
 
 
 def test_rows_missing_behind_a_checkpoint_without_rows_are_refused(reference, tmp_path):
   """Checkpoints written before they held rows: results.jsonl is the only copy, and a resume
   that finds rows missing from it refuses, naming them, and leaves everything as it was."""
   workdir = _copy(reference, tmp_path, finished=False)
-  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+  with checkpoint.Checkpoints(layout.Workdir(workdir).bucket_dir(0)) as ckpt:
     for step in ckpt.all_steps():
       metadata = os.path.join(ckpt.path(step), "metadata", "metadata")
       saved = json.load(open(metadata))
       del saved["rows"], saved[checkpoint.CHECKSUM_KEY]
       json.dump(saved, open(metadata, "w"))
-  path = os.path.join(workdir, results.RESULTS_FILE)
+  path = os.path.join(workdir, layout.RESULTS_FILE)
   lines = reference[1].splitlines(True)
   open(path, "w").write("".join(lines[:3] + lines[4:]))   # replica 3's row of step 1 is gone
   before = _snapshot(workdir)
@@ -288,11 +289,11 @@ def test_rows_missing_behind_a_checkpoint_without_rows_are_refused(reference, tm
 def test_a_bad_line_before_the_last_stops_every_reader(reference, tmp_path, capsys,
                                                        monkeypatch):
   workdir = _copy(reference, tmp_path)
-  path = os.path.join(workdir, results.RESULTS_FILE)
+  path = os.path.join(workdir, layout.RESULTS_FILE)
   lines = reference[1].splitlines(True)
   open(path, "w").write("".join(lines[:9] + ['{"kind": "eval", "repl\n'] + lines[10:]))
   with pytest.raises(ValueError, match=f"{path}:10: not a JSON object"):
-    results.read_rows(workdir)
+    layout.Workdir(workdir).read_rows()
   code, _, err = run_cli(["report", f"--workdir={workdir}", f"--out={tmp_path / 'r'}"], capsys,
                       monkeypatch)
   assert code == flags.INPUT_ERROR and len(err) == 1 and f"{path}:10: " in err[0], err
@@ -314,7 +315,7 @@ def test_a_bad_line_before_the_last_stops_every_reader(reference, tmp_path, caps
                                     "empty metadata"])
 def test_a_damaged_checkpoint_is_detected_and_the_run_falls_back(reference, tmp_path, damage):
   workdir = _copy(reference, tmp_path, finished=False)
-  target = os.path.join(results.bucket_checkpoint_dir(workdir, 0), "6")
+  target = os.path.join(layout.Workdir(workdir).bucket_dir(0), "6")
   if damage == "empty metadata":
     open(os.path.join(target, "metadata", "metadata"), "w").close()
   else:
@@ -331,14 +332,14 @@ def test_a_damaged_checkpoint_is_detected_and_the_run_falls_back(reference, tmp_
   assert len(falls_back) == 1 and falls_back[0].startswith(f"checkpoint {target}"), messages
   assert "bucket 0: resumed from the checkpoint at step 4" in messages
   # No false divergence: the rows and the final checkpoint equal the uninterrupted run's.
-  assert _text(workdir, results.RESULTS_FILE) == reference[1]
+  assert _text(workdir, layout.RESULTS_FILE) == reference[1]
   _assert_same_final_state(workdir, reference[0])
 
 
 def test_a_run_whose_checkpoints_are_all_damaged_refuses_and_rewrites_nothing(
     reference, tmp_path, capsys, monkeypatch):
   workdir = _copy(reference, tmp_path, finished=False)
-  path = os.path.join(workdir, results.RESULTS_FILE)
+  path = os.path.join(workdir, layout.RESULTS_FILE)
   open(path, "w").write(reference[1][:len(reference[1]) // 2])
   for step in (4, 6):
     for data in _data_files(workdir, step):
@@ -367,7 +368,7 @@ def _final_state(workdir):
   inputs, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), 16)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.eval_shape(lambda h: bucket_programs.init_bucket_state(h, bucket.spec, True), inputs)
-  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+  with checkpoint.Checkpoints(layout.Workdir(workdir).bucket_dir(0)) as ckpt:
     return ckpt.all_steps(), bucket_programs.restore_state(ckpt.restore, target, device)
 
 
@@ -408,7 +409,7 @@ def _drop_the_last_replica(replicas):
 def test_a_run_whose_replicas_file_differs_from_the_grid_is_refused(reference, tmp_path, edit,
                                                                      finished):
   workdir = _copy(reference, tmp_path, finished=finished)
-  path = os.path.join(workdir, results.REPLICAS_FILE)
+  path = os.path.join(workdir, layout.REPLICAS_FILE)
   replicas, message = edit(files.read_json(path))
   files.write_json(path, replicas)
   before = _snapshot(workdir)
@@ -429,7 +430,7 @@ def test_overwrite_removes_only_what_bindjax_recorded(reference, tmp_path, capsy
   assert code == 0, err
   for path, data in mine.items():
     assert open(path, "rb").read() == data
-  assert _text(workdir, results.RESULTS_FILE) == reference[1]
+  assert _text(workdir, layout.RESULTS_FILE) == reference[1]
   assert os.path.exists(os.path.join(workdir, "report", "phase_transition.png"))
 
 
@@ -437,26 +438,27 @@ def test_overwrite_into_a_foreign_directory_refuses_names_like_outputs(tmp_path,
                                                                        monkeypatch):
   workdir = tmp_path / "foreign"
   workdir.mkdir()
-  (workdir / results.SUMMARY_FILE).write_text("a user's table")
+  (workdir / layout.SUMMARY_FILE).write_text("a user's table")
   before = _snapshot(workdir)
   code, _, err = run_cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--overwrite"],
                       capsys, monkeypatch)
   assert code == flags.USAGE_ERROR and len(err) == 1, err
-  assert f"holds {results.SUMMARY_FILE}, which bindjax did not record as its outputs" in err[0]
+  assert f"holds {layout.SUMMARY_FILE}, which bindjax did not record as its outputs" in err[0]
   assert _snapshot(workdir) == before
 
 
 def test_summary_has_one_line_per_replica_diverged_ones_included(reference):
   workdir, _ = reference
   import csv
-  with open(os.path.join(workdir, results.SUMMARY_FILE)) as f:
+  with open(os.path.join(workdir, layout.SUMMARY_FILE)) as f:
     table = list(csv.DictReader(f))
   assert [int(r["replica"]) for r in table] == list(range(12))
   diverged = [r for r in table if float(r["learning_rate"]) == test_sweep.HUGE_LR]
   assert len(diverged) == 6 and all(r["diverged_step"] == "1" for r in diverged)
   assert all(r["final heldout/object_accuracy"] == "" for r in diverged)
   # The report counts them too, as diverged points of their own series.
-  series = report.aggregate(results.select_evaluations(results.read_rows(workdir), "final"))
+  sweep_rows = layout.Workdir(workdir).read_rows()
+  series = report.aggregate(results.select_evaluations(sweep_rows, "final"))
   counts = [p["diverged"] for s in series for p in s["points"]
             if s["key"]["learning_rate"] == test_sweep.HUGE_LR]
   assert counts == [3, 3]
@@ -488,11 +490,11 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_is_exact(
     resource.setrlimit(resource.RLIMIT_FSIZE, limits)
   assert code == flags.INPUT_ERROR and len(err) == 1, err
   assert err[0].startswith(f"bindjax sweep: cannot write checkpoint {workdir}/checkpoints/")
-  assert not os.path.exists(os.path.join(workdir, results.DONE_FILE))
+  assert not os.path.exists(os.path.join(workdir, layout.DONE_FILE))
   monkeypatch.setattr(checkpoint.Checkpoints, "save", save)   # space freed
   messages = _resume(workdir)
   assert "bucket 0: resumed from the checkpoint at step 2" in messages
-  assert _text(workdir, results.RESULTS_FILE) == reference[1]
+  assert _text(workdir, layout.RESULTS_FILE) == reference[1]
   _assert_same_final_state(workdir, reference[0])
 
 
@@ -515,11 +517,11 @@ def test_a_full_disk_while_appending_rows(reference, tmp_path, capsys, monkeypat
   code, _, err = run_cli(["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress",
                        "--noreport"], capsys, monkeypatch)
   assert code == flags.INPUT_ERROR and err == [
-      f"bindjax sweep: [Errno 28] cannot write {workdir}/{results.RESULTS_FILE}: No space left "
+      f"bindjax sweep: [Errno 28] cannot write {workdir}/{layout.RESULTS_FILE}: No space left "
       "on device"], err
   monkeypatch.setattr(files, "append_jsonl", append)
   _resume(workdir)
-  assert _text(workdir, results.RESULTS_FILE) == reference[1]
+  assert _text(workdir, layout.RESULTS_FILE) == reference[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -576,10 +578,10 @@ _DAMAGE = ("none", "cut the results", "delete the results", "garble a line", "fl
 
 
 def _damage(workdir, what, rng):
-  path = os.path.join(workdir, results.RESULTS_FILE)
+  path = os.path.join(workdir, layout.RESULTS_FILE)
   text = open(path).read() if os.path.exists(path) else ""
   lines = text.splitlines(True)
-  steps = [int(s) for s in os.listdir(results.bucket_checkpoint_dir(workdir, 0)) if s.isdigit()]
+  steps = [int(s) for s in os.listdir(layout.Workdir(workdir).bucket_dir(0)) if s.isdigit()]
   if what == "cut the results" and text:
     open(path, "w").write(text[:rng.randrange(len(text))])
   elif what == "delete the results" and text:
@@ -592,11 +594,11 @@ def _damage(workdir, what, rng):
     chosen = rng.choice(data)
     _flip(chosen, [rng.randrange(os.path.getsize(chosen)) for _ in range(rng.randint(1, 64))])
   elif what == "empty checkpoint metadata" and steps:
-    open(os.path.join(results.bucket_checkpoint_dir(workdir, 0), str(rng.choice(steps)),
+    open(os.path.join(layout.Workdir(workdir).bucket_dir(0), str(rng.choice(steps)),
                       "metadata", "metadata"), "w").close()
   elif what == "delete the summary" and os.path.exists(os.path.join(workdir,
-                                                                    results.SUMMARY_FILE)):
-    os.remove(os.path.join(workdir, results.SUMMARY_FILE))
+                                                                    layout.SUMMARY_FILE)):
+    os.remove(os.path.join(workdir, layout.SUMMARY_FILE))
   else:
     return "none"
   return what
@@ -620,8 +622,8 @@ def test_fault_injection_kill_and_damage_then_resume_equals_an_uninterrupted_run
                         cwd=REPO, capture_output=True, text=True, timeout=900)
   assert proc.returncode == -signal.SIGKILL, (where, n, proc.stderr[-3000:])
   done = _damage(workdir, damage, rng) if os.path.isdir(
-      results.bucket_checkpoint_dir(workdir, 0)) else "none"
-  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+      layout.Workdir(workdir).bucket_dir(0)) else "none"
+  with checkpoint.Checkpoints(layout.Workdir(workdir).bucket_dir(0)) as ckpt:
     saved = ckpt.all_steps()
   try:
     _resume(workdir)
@@ -629,8 +631,8 @@ def test_fault_injection_kill_and_damage_then_resume_equals_an_uninterrupted_run
     # Only when the damage left no checkpoint that verifies; then nothing was rewritten.
     assert done in ("flip checkpoint bytes", "empty checkpoint metadata") and len(saved) == 1, e
     _resume(workdir, overwrite=True)
-  assert _text(workdir, results.RESULTS_FILE) == reference[1], (where, n, done)
-  assert _text(workdir, results.SUMMARY_FILE) == _text(reference[0], results.SUMMARY_FILE)
-  assert os.path.exists(os.path.join(workdir, results.DONE_FILE))
+  assert _text(workdir, layout.RESULTS_FILE) == reference[1], (where, n, done)
+  assert _text(workdir, layout.SUMMARY_FILE) == _text(reference[0], layout.SUMMARY_FILE)
+  assert os.path.exists(os.path.join(workdir, layout.DONE_FILE))
   _assert_same_final_state(workdir, reference[0])
-  assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_FILE))
+  assert not os.path.exists(os.path.join(workdir, layout.LOCK_FILE))

@@ -14,10 +14,10 @@ the same refits, to critical_coverage.md/.json.
 import os
 
 from absl import flags
-from etils import epath
 
 from bindjax.commands import flags as bj_flags
 from bindjax.reporting import report
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 
@@ -42,7 +42,7 @@ def main(argv):
   if len(workdirs) > 1 and not fv["out"].value:
     raise bj_flags.UsageError(f"{prog}: --workdir lists {len(workdirs)} sweeps: --out is "
                               "required")
-  out = fv["out"].value or os.fspath(epath.Path(workdirs[0]) / results.REPORT_DIR)
+  out = fv["out"].value or os.fspath(layout.Workdir(workdirs[0]).report)
   if fv["draws"].value < 1:
     raise bj_flags.UsageError(f"{prog}: --draws={fv['draws'].value}: expected >= 1")
   predict_at = _sizes(prog, fv["predict"].value)
@@ -60,7 +60,7 @@ def main(argv):
     law = summary["scaling_law"][summary["scaling_law"]["best"]]
     print(f"scaling law: {law['formula']}, a={law['a']:.4g}, b={law['b']:.4g}, R2={law['r2']:.3f}")
   unfinished = ("" if summary["finished"] else
-                f" (the sweep is unfinished: no {results.DONE_FILE} yet, so this covers the "
+                f" (the sweep is unfinished: no {layout.DONE_FILE} yet, so this covers the "
                 f"{summary['num_replicas']} replicas with rows so far)")
   print("wrote", ", ".join(summary["figures"]) + unfinished)
   return 0

@@ -16,7 +16,7 @@ from bindjax.commands import flags as bj_flags
 from bindjax.runtime import compilation_cache
 from bindjax.runtime import multihost
 from bindjax.runtime import parallel
-from bindjax.workdir import results
+from bindjax.workdir import layout
 
 
 def run(argv, *, single, description):
@@ -52,7 +52,7 @@ def run(argv, *, single, description):
   from bindjax.training import sweep  # pylint: disable=g-import-not-at-top
   loop = sweep.run_single if single else sweep.run_sweep
   workdir, overwrite = fv["workdir"].value, fv["overwrite"].value
-  finished = results.is_finished(workdir) and not overwrite
+  finished = layout.Workdir(workdir).is_finished() and not overwrite
   # orbax logs every failed write many times over; the failure itself ends the run as one line.
   logging.getLogger("absl").setLevel(logging.CRITICAL)
   with bj_flags.run_errors(prog):

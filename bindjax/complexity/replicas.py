@@ -41,6 +41,7 @@ from bindjax.frozen.probes import linear
 from bindjax.reporting import report
 from bindjax.runtime import engine
 from bindjax.runtime import parallel
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 RESULTS_FILE = "results.json"
@@ -139,14 +140,15 @@ def settings_from(config):
 def replica_evaluations(workdir, step):
   """{replica index: (status, evaluation row or None, diverged step or None)} of every replica
   of the sweep in workdir at `step` ("best" | "final"; `results.select_evaluations`)."""
-  rows = results.read_rows(workdir)
+  workdir = layout.Workdir(workdir)
+  rows = workdir.read_rows()
   if not rows:
-    raise ValueError(f"workdir {workdir}: no result rows in {results.RESULTS_FILE}; run "
+    raise ValueError(f"workdir {workdir}: no result rows in {layout.RESULTS_FILE}; run "
                      "`bindjax sweep` first")
   chosen = {r[results.REPLICA]: r for r in results.select_evaluations(rows, step)}
   diverged_at = results.diverged_steps(rows)
   out = {}
-  for coordinates in results.read_replicas(workdir):
+  for coordinates in workdir.read_replicas():
     index = coordinates[results.REPLICA]
     row = chosen.get(index)
     if index in diverged_at:
@@ -175,7 +177,7 @@ def _check_steps(loaded, positions, evaluations, step):
       raise ValueError(
           f"replica {replica.index}: its {loaded.checkpoints[p]} parameters in the checkpoint are "
           f"from step {int(loaded.steps[p])} but its {step} evaluation in "
-          f"{results.RESULTS_FILE} is at step {row_step} (is the sweep finished; does it keep "
+          f"{layout.RESULTS_FILE} is at step {row_step} (is the sweep finished; does it keep "
           "the best parameters, config.checkpoint.keep_best?)")
 
 

@@ -57,12 +57,13 @@ def _read_run(workdir):
   `grid.expand_grid`); ValueError naming what is wrong."""
   from bindjax.training import grid  # pylint: disable=g-import-not-at-top
   from bindjax.training import run_spec  # pylint: disable=g-import-not-at-top
+  from bindjax.workdir import layout  # pylint: disable=g-import-not-at-top
   from bindjax.workdir import results  # pylint: disable=g-import-not-at-top
   if not workdir.is_dir():
     raise ValueError(f"workdir {workdir} does not exist")
-  config_path = workdir / results.CONFIG_FILE
+  config_path = layout.Workdir(workdir).config_file
   if not config_path.exists():
-    raise ValueError(f"workdir {workdir}: no {results.CONFIG_FILE}; expected a `bindjax train` or "
+    raise ValueError(f"workdir {workdir}: no {layout.CONFIG_FILE}; expected a `bindjax train` or "
                      "`bindjax sweep` workdir (or pass a PyTorch checkpoint file with "
                      "--checkpoint)")
   try:
@@ -113,7 +114,7 @@ def _bucket_checkpoint(workdir, bucket, keep_best):
   from bindjax.runtime import parallel  # pylint: disable=g-import-not-at-top
   from bindjax.training import bucket_programs  # pylint: disable=g-import-not-at-top
   from bindjax.workdir import checkpoint  # pylint: disable=g-import-not-at-top
-  from bindjax.workdir import results  # pylint: disable=g-import-not-at-top
+  from bindjax.workdir import layout  # pylint: disable=g-import-not-at-top
   directory = bucket.checkpoint_dir(workdir)
   if not _has_steps(directory):
     raise ValueError(f"workdir {workdir}: no checkpoint under {directory} (expected <step>/ "
@@ -130,7 +131,7 @@ def _bucket_checkpoint(workdir, bucket, keep_best):
     raise checkpoint.CorruptCheckpointError(f"workdir {workdir}: {e}") from None
   except Exception as e:  # orbax raises many types for mismatched trees
     raise ValueError(f"workdir {workdir}: the checkpoint in {directory} does not match the models "
-                     f"of {results.CONFIG_FILE}: {type(e).__name__}: {e}") from None
+                     f"of {layout.CONFIG_FILE}: {type(e).__name__}: {e}") from None
   finally:
     ckpt.close()
 
@@ -195,8 +196,8 @@ def load_bucket(workdir, bucket, which="best", run=None):
 def _parts(workdir, bucket):
   """The bucket, or the parts of it that a packed sweep trained and checkpointed on their own
   (docs/training.md, "Lanes"), in order."""
-  from bindjax.workdir import results  # pylint: disable=g-import-not-at-top
-  spans = results.bucket_parts(workdir, bucket.index)
+  from bindjax.workdir import layout  # pylint: disable=g-import-not-at-top
+  spans = layout.Workdir(workdir).bucket_parts(bucket.index)
   return [bucket.part(start, stop) for start, stop in spans] if spans else [bucket]
 
 
@@ -253,7 +254,7 @@ def load_workdir(workdir, which="best", replica=None):
   ValueError naming what is missing or wrong (errors.ConfigError for a `which` or `replica` the
   workdir cannot serve); reads only: never creates files in the workdir.
   """
-  from bindjax.workdir import results  # pylint: disable=g-import-not-at-top
+  from bindjax.workdir import layout  # pylint: disable=g-import-not-at-top
   if which not in CHECKPOINTS:
     raise errors.ConfigError(f"checkpoint {which!r}: expected one of {CHECKPOINTS}")
   workdir = files.as_path(workdir)
@@ -263,7 +264,7 @@ def load_workdir(workdir, which="best", replica=None):
     if len(replicas) != 1:
       raise errors.ConfigError(
           f"workdir {workdir} holds {len(replicas)} replicas: pass --replica=N, N in "
-          f"0..{len(replicas) - 1} ({results.REPLICAS_FILE} lists them)")
+          f"0..{len(replicas) - 1} ({layout.REPLICAS_FILE} lists them)")
     replica = 0
   if not 0 <= replica < len(replicas):
     raise errors.ConfigError(f"replica={replica}: expected 0..{len(replicas) - 1} (workdir "

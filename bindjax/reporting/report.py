@@ -25,6 +25,7 @@ import numpy as np
 
 from bindjax.base import files
 from bindjax.reporting import statistics
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 # Metric names of bindjax.training.train.eval_step; results.ROW_K stands for each row's K (the
@@ -271,8 +272,8 @@ def _rows_of_sweeps(workdirs, step):
 
 def _selected_rows(workdir, step):
   """One evaluation row per replica of the sweep in workdir (results.select_evaluations)."""
-  path = workdir / results.RESULTS_FILE
-  rows = results.read_rows(workdir)
+  path = layout.Workdir(workdir).results_file
+  rows = layout.Workdir(workdir).read_rows()
   if not rows:
     raise ValueError(f"workdir='{workdir}': no result rows in {path}; run `bindjax sweep` first")
   selected = results.select_evaluations(rows, step)
@@ -293,7 +294,7 @@ def describe(workdirs, series, step):
       "|O| = " + " and ".join(f"{sizes[c]} (C = {c})" for c in sizes),)
   towers, steps = [], []
   for workdir in workdirs:
-    path = workdir / results.CONFIG_FILE
+    path = layout.Workdir(workdir).config_file
     if path.exists():
       config = files.read_json(path)
       model = config.get("model", {})
@@ -344,12 +345,12 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
 
   selected = _rows_of_sweeps(workdirs, step)
   # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
-  finished = all(results.is_finished(w) for w in workdirs)
+  finished = all(layout.Workdir(w).is_finished() for w in workdirs)
   series = aggregate(selected, (rho_metric,) + tuple(
       m for m in REPORT_METRICS if m != rho_metric))
   table = statistics.critical_coverages(series)
   fitted, laws = _scaling_laws(table, num_draws, predict_at)
-  out_dir = files.as_path(out_dir or workdirs[0] / results.REPORT_DIR)
+  out_dir = files.as_path(out_dir or layout.Workdir(workdirs[0]).report)
   out_dir.mkdir(parents=True, exist_ok=True)
   drawn = ("phase_transition", "scaling_law") if len(fitted) >= 2 else ("phase_transition",)
   files.record_outputs(out_dir, [f"{name}.{f}" for name in drawn for f in formats] + [

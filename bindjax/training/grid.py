@@ -27,6 +27,7 @@ import numpy as np
 
 from bindjax.core import coverage_splits
 from bindjax.training import run_spec
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 
@@ -90,8 +91,8 @@ class Bucket:
     return self.start, self.start + len(self.members)
 
   def checkpoint_dir(self, workdir):
-    """Where its checkpoints live in `workdir` (`results.bucket_checkpoint_dir`)."""
-    return results.bucket_checkpoint_dir(workdir, self.index, self.members_range)
+    """Where its checkpoints live in `workdir` (`layout.Workdir.bucket_dir`)."""
+    return layout.Workdir(workdir).bucket_dir(self.index, self.members_range)
 
   @property
   def name(self):

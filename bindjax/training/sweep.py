@@ -7,10 +7,10 @@ dispatch runs every step up to the next one whose rows are written (`dispatch_en
 stretch between logged steps costs one dispatch, and the rows do not depend on it.
 
 A config without a grid (experiments/train.py) runs as a sweep of one replica
-(`grid.single_run_config`); that is `bindjax train`. The workdir layout, result rows and
-best/final selection are `bindjax.workdir.results`'; the rows of a running sweep and results.jsonl
-are `bindjax.workdir.results_writer`'s; the workdir checks and the lock are
-`bindjax.workdir.checks`'.
+(`grid.single_run_config`); that is `bindjax train`. The workdir layout is
+`bindjax.workdir.layout`'s, result rows and best/final selection `bindjax.workdir.results`'; the
+rows of a running sweep and results.jsonl are `bindjax.workdir.results_writer`'s; the workdir
+checks and the lock are `bindjax.workdir.checks`'.
 
 A run holds the workdir's lock for its whole life (`bindjax.workdir.lock`). A killed sweep
 resumes from each bucket's newest checkpoint that verifies (`checkpoint.Checkpoints`, falling
@@ -41,6 +41,7 @@ from bindjax.training import run_spec
 from bindjax.training import train
 from bindjax.workdir import checkpoint
 from bindjax.workdir import checks as workdir_checks
+from bindjax.workdir import layout
 from bindjax.workdir import results
 from bindjax.workdir import results_writer
 
@@ -83,7 +84,7 @@ def _plan(settings, workdir, buckets, devices):
           settings.num_data)
   processes = [d.process_index for d in devices]
   chosen = packing.choose(*args, device_processes=processes, packing=settings.packing)
-  root = workdir / results.CHECKPOINT_DIR
+  root = layout.Workdir(workdir).checkpoints
   present = {p.name for p in root.iterdir()} if root.is_dir() else set()
   if not present:
     return chosen
@@ -111,7 +112,7 @@ def _run_owned(config, settings, workdir, replicas, buckets, devices, *, overwri
   lanes = [(parallel.make_mesh(plan.num_data, devices=[devices[i] for i in lane.devices]),
             [buckets[p.bucket].part(p.start, p.stop) for p in lane.parts]) for lane in plan.lanes]
   parts = [part for _, lane_parts in lanes for part in lane_parts]
-  done = results.done_record(workdir)
+  done = layout.Workdir(workdir).done_record()
   if done is not None:
     done = workdir_checks.finished(workdir, done, parts, log)
     multihost.sync("bindjax_sweep_finished")
@@ -141,7 +142,7 @@ def _run_owned(config, settings, workdir, replicas, buckets, devices, *, overwri
           yield from loop.train(part, mesh, manager, start, state)
         manager.close()
         if writer:
-          results.write_summary(workdir, rows.rows(), coordinates)
+          layout.Workdir(workdir).write_summary(rows.rows(), coordinates)
 
     _interleave([lane_work(mesh, lane_parts) for mesh, lane_parts in lanes])
     rows.finish()
@@ -176,12 +177,13 @@ def _check_workdir(config, workdir, replicas, overwrite, writer):
 
 def _write_run_files(workdir, config_json, coordinates):
   """Records the run's outputs and writes its config and replica files, unless present."""
-  files.record_outputs(workdir, results.OUTPUTS)
+  files.record_outputs(workdir, layout.OUTPUTS)
   # A resumed run already has them (the config was checked): nothing is rewritten.
-  for name, value, sort_keys in ((results.CONFIG_FILE, config_json, True),
-                                 (results.REPLICAS_FILE, coordinates, False)):
-    if not (workdir / name).exists():
-      files.write_json(workdir / name, value, sort_keys=sort_keys)
+  run_files = layout.Workdir(workdir)
+  for path, value, sort_keys in ((run_files.config_file, config_json, True),
+                                 (run_files.replicas_file, coordinates, False)):
+    if not path.exists():
+      files.write_json(path, value, sort_keys=sort_keys)
 
 
 def _restore_lanes(loop, lanes, managers, log):
@@ -219,8 +221,8 @@ def _finish(workdir, replicas, buckets, rows, loop, total, coordinates, writer, 
           "replica_steps": total, "results": str(rows.path), "num_rows": len(all_rows),
           "results_sha256": results.rows_digest(all_rows)}
   if writer:
-    results.write_summary(workdir, all_rows, coordinates)
-    files.write_json(workdir / results.DONE_FILE, done)
+    layout.Workdir(workdir).write_summary(all_rows, coordinates)
+    layout.Workdir(workdir).write_done(done)
   multihost.sync("bindjax_sweep_done")
   log(f"sweep finished: {len(replicas)} replicas, {len(rows.diverged)} diverged; compile "
       f"{loop.compile_seconds:.1f} s; results in {rows.path}")
@@ -254,7 +256,7 @@ def run_single(config, workdir, *, overwrite=False, progress=True, log=print, te
     config = grid.single_run_config(config)
   run_sweep(config, workdir, overwrite=overwrite, progress=progress, log=log, name="train",
             tensorboard=tensorboard)
-  rows = results.read_rows(workdir)
+  rows = layout.Workdir(workdir).read_rows()
   final = [r for r in results.select_evaluations(rows, "final") if r[results.KIND] == "eval"]
   out = dict(final[0]) if final else {results.STEP: 0}
   diverged_at = results.diverged_steps(rows)

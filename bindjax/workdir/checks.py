@@ -15,6 +15,7 @@ from bindjax.base import errors
 from bindjax.base import files
 from bindjax.runtime import multihost
 from bindjax.workdir import checkpoint
+from bindjax.workdir import layout
 from bindjax.workdir import lock as workdir_lock
 from bindjax.workdir import results
 
@@ -54,25 +55,21 @@ def ownership(workdir, log):
       lock.release()
 
 
-def _holds_run(workdir):
-  return (workdir / results.CONFIG_FILE).exists() or files.recorded_outputs(workdir) is not None
-
-
 def check_contents(workdir, config_json, overwrite):
   """Usage errors (errors.ConfigError) for a workdir this run may not use: one holding files
   that are not a bindjax run (with --overwrite: files named like its outputs), or without
   --overwrite a run of a different config."""
   entries = [p.name for p in (workdir.iterdir() if workdir.is_dir() else [])
-             if p.name != workdir_lock.LOCK_FILE]
-  if not entries or _holds_run(workdir):
+             if p.name != layout.LOCK_FILE]
+  if not entries or layout.Workdir(workdir).holds_run():
     if not overwrite:
-      results.check_saved_config(workdir, config_json)
+      layout.Workdir(workdir).check_saved_config(config_json)
     return
   if not overwrite:
     raise errors.ConfigError(f"workdir='{workdir}' is not empty and holds no bindjax run; "
                              "expected a new or empty directory or a run to resume, or pass "
                              "--overwrite")
-  clashes = sorted(set(entries) & set(results.OUTPUTS + (results.REPORT_DIR, files.OUTPUTS_FILE)))
+  clashes = sorted(set(entries) & set(layout.OUTPUTS + (layout.REPORT_DIR, files.OUTPUTS_FILE)))
   if clashes:
     raise errors.ConfigError(f"workdir='{workdir}' holds {', '.join(clashes)}, which bindjax did "
                              "not record as its outputs; move them away (--overwrite removes "
@@ -83,7 +80,7 @@ def check_replicas(workdir, coordinates):
   """errors.ConfigError when the workdir's replicas.json (of a run to resume or a finished one)
   is not `coordinates`, the replicas this config's grid expands to: one line naming the first
   replica that differs. A workdir without the file has nothing to compare."""
-  path = workdir / results.REPLICAS_FILE
+  path = layout.Workdir(workdir).replicas_file
   if not path.exists():
     return
   saved = files.read_json(path)
@@ -110,9 +107,9 @@ def _replica_difference(there, here):
 def remove_outputs(workdir):
   """What a previous run recorded as its outputs (a run older than the record: the names it
   writes), and the report's recorded files; a user's files stay."""
-  legacy = results.OUTPUTS if (workdir / results.CONFIG_FILE).exists() else ()
+  legacy = layout.OUTPUTS if layout.Workdir(workdir).config_file.exists() else ()
   files.remove_recorded_outputs(workdir, legacy)
-  report_dir = workdir / results.REPORT_DIR
+  report_dir = layout.Workdir(workdir).report
   if report_dir.is_dir():
     files.remove_recorded_outputs(report_dir)
     if not any(report_dir.iterdir()):
@@ -123,7 +120,8 @@ def finished(workdir, done, buckets, log):
   """A finished workdir's done record, after checking results.jsonl against it; a damaged file
   is rebuilt from the final checkpoints of `buckets` (the run's buckets, or the parts of them it
   trained; ValueError when they cannot rebuild it)."""
-  path = workdir / results.RESULTS_FILE
+  run = layout.Workdir(workdir)
+  path = run.results_file
   expected = done.get("results_sha256")
   if expected is None or not multihost.is_writer():
     return done
@@ -145,10 +143,10 @@ def finished(workdir, done, buckets, log):
     rows += results.unpack_rows(latest[1]["rows"], coordinates)
   rows = None if rows is None else results.sweep_order(rows)
   if rows is None or results.rows_digest(rows) != expected:
-    raise ValueError(f"{path} does not match {results.DONE_FILE} (damaged or edited) and the "
+    raise ValueError(f"{path} does not match {layout.DONE_FILE} (damaged or edited) and the "
                      "checkpoints cannot rebuild it; restore it from a copy or pass --overwrite")
-  results.write_rows(workdir, rows)
-  results.write_summary(workdir, rows, [c for _, c in sorted(coordinates.items())])
-  log(f"{path} did not match {results.DONE_FILE} (damaged or edited); rebuilt it from the "
+  run.write_rows(rows)
+  run.write_summary(rows, [c for _, c in sorted(coordinates.items())])
+  log(f"{path} did not match {layout.DONE_FILE} (damaged or edited); rebuilt it from the "
       "checkpoints")
   return done

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from bindjax.base import files
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 _FILE_PREFIX = "events.out.tfevents"
@@ -51,7 +52,7 @@ class EventWriter:
   """Writes the rows of a sweep as TensorBoard scalars, one run directory per replica."""
 
   def __init__(self, workdir):
-    self.root = files.as_path(workdir) / results.TENSORBOARD_DIR
+    self.root = layout.Workdir(workdir).tensorboard
     self.local = files.is_local(self.root)
     self.stem = f"{_FILE_PREFIX}.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
     self.pending = collections.defaultdict(list)   # run -> records not yet written (gs://)

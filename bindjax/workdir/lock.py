@@ -28,8 +28,8 @@ import socket
 import sys
 
 from bindjax.base import files
+from bindjax.workdir import layout
 
-LOCK_FILE = "bindjax.lock"
 
 
 class WorkdirLockedError(OSError):
@@ -149,7 +149,7 @@ def acquire(workdir):
   if not files.is_local(workdir):
     return _acquire_record(files.as_path(workdir))
   workdir = os.path.abspath(os.fspath(workdir))
-  path = os.path.join(workdir, LOCK_FILE)
+  path = os.fspath(layout.Workdir(workdir).lock_file)
   created = not os.path.isdir(workdir)
   try:
     os.makedirs(workdir, exist_ok=True)
@@ -210,7 +210,7 @@ def _free_by_record(holder, path):
 def _acquire_record(workdir):
   """`acquire` on a non-local workdir: by the holder's record alone (the module's docstring
   says what that guarantees)."""
-  path = workdir / LOCK_FILE
+  path = layout.Workdir(workdir).lock_file
   try:
     holder = _parse_holder(path.read_bytes()) if path.exists() else None
     if not _free_by_record(holder, path):

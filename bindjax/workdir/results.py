@@ -1,19 +1,6 @@
-"""What a training workdir holds: file names, result rows, and which evaluation counts.
-
-`bindjax sweep` and `bindjax train` (a sweep of one replica) write the same layout
-(docs/training.md, "Workdir"):
-
-  config.json          the config (a single run's config gains the one-point grid it ran as)
-  replicas.json        one dict of grid coordinates per replica
-  results.jsonl        one row per replica and logged step
-  summary.csv          one line per replica: final and best evaluation, or when it diverged
-  sweep_done.json      written last; a rerun into a finished workdir reports and returns
-  checkpoints/bucket_NNN/<step>/   stacked replica states of one bucket, and its rows so far
-                       (bucket_NNN_replicas_AAA_to_BBB/ for a part of one,
-                       `bindjax.training.packing`)
-  report/              `bindjax report`'s figure and tables
-  bindjax_outputs.json what bindjax wrote here (`files.record_outputs`): --overwrite removes that
-  bindjax.lock         held by the run while it runs (`bindjax.workdir.lock`)
+"""What a training workdir's rows and config mean: the rows of results.jsonl, which evaluation
+counts, the summary, and the config a workdir ran as. Where they live is
+`bindjax.workdir.layout`'s.
 
 A row holds the replica's COORDINATES (`grid.Replica.coordinates`), STEP, KIND ("train" at
 logged steps, "eval" at evaluation steps, "diverged" once when the replica's loss or parameters
@@ -32,21 +19,7 @@ import io
 import json
 import math
 
-from bindjax.base import errors
 from bindjax.base import files
-
-CONFIG_FILE = "config.json"
-REPLICAS_FILE = "replicas.json"
-RESULTS_FILE = "results.jsonl"
-SUMMARY_FILE = "summary.csv"
-DONE_FILE = "sweep_done.json"
-CHECKPOINT_DIR = "checkpoints"
-REPORT_DIR = "report"
-# The rows as TensorBoard event files (bindjax.workdir.event_files).
-TENSORBOARD_DIR = "tensorboard"
-# What a training run writes into its workdir (the report keeps its own record in report/).
-OUTPUTS = (CONFIG_FILE, REPLICAS_FILE, RESULTS_FILE, SUMMARY_FILE, DONE_FILE, CHECKPOINT_DIR,
-           TENSORBOARD_DIR)
 
 # A replica's coordinates (replicas.json, and the head of each of its rows), in row order.
 REPLICA = "replica"
@@ -80,17 +53,6 @@ BINDING = "binding"
 ROW_K = "{K}"
 # k of the columns that hold each replica's metric on K-object scenes (summary.csv, binding rows).
 MAX_K = "max"
-
-
-def is_finished(workdir):
-  """Whether the run in `workdir` is finished: the one test of it (its done record exists, the
-  file a run writes last)."""
-  return (files.as_path(workdir) / DONE_FILE).exists()
-
-
-def done_record(workdir):
-  """The done record of a finished run (`is_finished`), None while it is unfinished."""
-  return files.read_json(files.as_path(workdir) / DONE_FILE) if is_finished(workdir) else None
 
 
 def metric(split, name):
@@ -143,28 +105,6 @@ SUMMARY_METRICS = (SELECTION_METRIC, object_accuracy(HELDOUT, 1), concept_accura
 USES_TRAINING_OBJECTS = metric(HELDOUT, "uses_training_objects")
 
 
-def bucket_checkpoint_dir(workdir, bucket, members=None):
-  """Checkpoint directory of bucket number `bucket`, or with members=(start, stop) of the part
-  of it that holds its replicas at positions start..stop-1 (`bindjax.training.packing`)."""
-  name = f"bucket_{bucket:03d}"
-  if members is not None:
-    name += f"_replicas_{members[0]:03d}_to_{members[1] - 1:03d}"
-  return files.as_path(workdir) / CHECKPOINT_DIR / name
-
-
-def bucket_parts(workdir, bucket):
-  """(start, stop) of each part of bucket number `bucket` that has a checkpoint directory in
-  `workdir` (`bucket_checkpoint_dir` with members), in order; [] when it was trained whole."""
-  root = files.as_path(workdir) / CHECKPOINT_DIR
-  prefix = bucket_checkpoint_dir(workdir, bucket).name + "_replicas_"
-  spans = []
-  for path in (root.iterdir() if root.is_dir() else []):
-    first, _, last = path.name[len(prefix):].partition("_to_")
-    if path.name.startswith(prefix) and first.isdigit() and last.isdigit():
-      spans.append((int(first), int(last) + 1))
-  return sorted(spans)
-
-
 def sweep_order(rows):
   """`rows` in the order results.jsonl holds them: by bucket, step and replica, whichever
   parts of a bucket they were trained in (a bucket's rows come per step, in replica order)."""
@@ -188,35 +128,16 @@ def make_row(coordinates, step, train_metrics, eval_metrics=None, diverged_step=
   return row
 
 
-def read_rows(workdir):
-  """The rows of workdir/results.jsonl ([] when there is none).
-
-  A torn last line is skipped with a warning (files.read_jsonl); any other line that is not a
-  result row is a ValueError naming the file and line.
-  """
-  path = files.as_path(workdir) / RESULTS_FILE
-  try:
-    rows = files.read_jsonl(path)
-  except ValueError as e:
-    raise ValueError(f"{e}; rerun the sweep's command to rebuild it from the checkpoints") from None
-  for number, row in enumerate(rows, 1):
-    if (row.get(KIND) not in KINDS or not isinstance(row.get(REPLICA), int)
-        or not isinstance(row.get(STEP), int)):
-      raise ValueError(f"{path}:{number}: not a result row (expected kind in {KINDS}, an integer "
-                       "replica and step); rerun the sweep's command to rebuild the file from "
-                       "the checkpoints")
-  return rows
+def is_row(row):
+  """Whether `row` (a dict read from results.jsonl) is a result row: a kind in KINDS, an
+  integer replica and step."""
+  return (row.get(KIND) in KINDS and isinstance(row.get(REPLICA), int)
+          and isinstance(row.get(STEP), int))
 
 
 def rows_text(rows):
   """The text of results.jsonl holding `rows`."""
   return "".join(files.dumps(row) + "\n" for row in rows)
-
-
-def write_rows(workdir, rows):
-  """Writes workdir/results.jsonl whole (atomically), holding `rows`: every whole write of the
-  file goes through here; a running sweep's appends are `results_writer.ResultsWriter`'s."""
-  files.write_atomic(files.as_path(workdir) / RESULTS_FILE, rows_text(rows))
 
 
 def rows_digest(rows):
@@ -252,15 +173,6 @@ def unpack_rows(packed, coordinates):
     row.update((k, v) for k, v in stored.items() if k != KIND)
     out.append(row)
   return out
-
-
-def read_replicas(workdir):
-  """The coordinates of every replica (workdir/replicas.json); ValueError when missing."""
-  path = files.as_path(workdir) / REPLICAS_FILE
-  if not path.exists():
-    raise ValueError(f"{path} does not exist; expected a `bindjax sweep` or `bindjax train` "
-                     "workdir")
-  return files.read_json(path)
 
 
 def _nan_low(x):
@@ -331,11 +243,12 @@ def summary_rows(rows, replicas):
   return out
 
 
-def write_summary(workdir, rows, replicas):
-  """workdir/summary.csv with one line per replica with rows (atomic rewrite)."""
+def summary_csv(rows, replicas):
+  """The text of summary.csv: one line per replica with rows (`summary_rows`); None when no
+  replica has rows."""
   table = summary_rows(rows, replicas)
   if not table:
-    return
+    return None
   fields = []
   for row in table:
     fields.extend(k for k in row if k not in fields)
@@ -344,7 +257,7 @@ def write_summary(workdir, rows, replicas):
   writer.writeheader()
   for row in table:
     writer.writerow({k: "" if v is None else v for k, v in row.items()})
-  files.write_atomic(files.as_path(workdir) / SUMMARY_FILE, buffer.getvalue())
+  return buffer.getvalue()
 
 
 # Settings added to the config after workdirs were written, with the value that a config saved
@@ -380,24 +293,11 @@ def _flat(tree, prefix=""):
   return out
 
 
-def check_saved_config(workdir, config):
-  """errors.ConfigError when workdir/config.json exists and differs from `config` (a
-  config_json dict); ValueError naming the file when it is unreadable.
-
-  The message lists the differing fields (saved -> given), so a resumed run is never silently
-  continued with other settings.
-  """
-  path = files.as_path(workdir) / CONFIG_FILE
-  if not path.exists():
-    return
-  saved = files.read_json(path)
+def config_difference(saved, config):
+  """(field, saved value, given value) of each dotted field where the config a workdir saved
+  (with the settings added since, `with_added_settings`) differs from `config`, sorted; both
+  are `config_json` dicts."""
   if saved == config:
-    return
+    return []
   a, b = _flat(with_added_settings(saved)), _flat(config)
-  diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-  if not diff:
-    return
-  details = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:8])
-  more = f" and {len(diff) - 8} more" if len(diff) > 8 else ""
-  raise errors.ConfigError(f"workdir='{workdir}' holds a run with a different config "
-                           f"({details}{more}); use a new --workdir or pass --overwrite")
+  return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]

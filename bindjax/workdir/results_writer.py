@@ -4,11 +4,11 @@ Rows are kept by bucket (`ResultsWriter`); process 0 appends them to results.jso
 Each checkpoint of a bucket holds the bucket's rows up to its step, so a resumed sweep takes
 them from its checkpoints and rewrites the file to hold exactly those before it appends; rows
 lost or damaged before a checkpoint come back, and the run says so. Row contents and the workdir
-layout are `bindjax.workdir.results`'.
+layout are `bindjax.workdir.results`' and `bindjax.workdir.layout`'s.
 
 On a workdir that is not local (gs://, ...) the file cannot be appended to (objects are written
-whole), so there it is rewritten whole (`results.write_rows`) at every checkpoint and at the end
-instead: it shows the rows up to the last checkpoint, not each logged step as it comes.
+whole), so there it is rewritten whole (`layout.Workdir.write_rows`) at every checkpoint and at
+the end instead: it shows the rows up to the last checkpoint, not each logged step as it comes.
 """
 import collections
 import os
@@ -16,6 +16,7 @@ import os
 from bindjax.base import files
 from bindjax.runtime import multihost
 from bindjax.workdir import event_files
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 
@@ -28,8 +29,8 @@ class ResultsWriter:
   """
 
   def __init__(self, workdir, replicas, log, tensorboard=False):
-    self.workdir = files.as_path(workdir)
-    self.path = self.workdir / results.RESULTS_FILE
+    self.workdir = layout.Workdir(workdir)
+    self.path = self.workdir.results_file
     self.writer = multihost.is_writer()
     # The rows as TensorBoard curves too (`bindjax.workdir.event_files`), written by process 0.
     self.events = event_files.EventWriter(workdir) if tensorboard and self.writer else None
@@ -58,7 +59,7 @@ class ResultsWriter:
       rows = results.unpack_rows(metadata["rows"], self.coordinates)
     else:
       if self._file_rows is None:
-        self._file_rows = results.read_rows(self.path.parent)
+        self._file_rows = self.workdir.read_rows()
       members = {r.index for r in bucket.replicas}
       rows = [r for r in self._file_rows
               if r[results.REPLICA] in members and r[results.STEP] <= step]
@@ -101,7 +102,7 @@ class ResultsWriter:
     if missing:
       self.log(f"{self.path}: {missing} of the {len(lines)} rows it should hold were missing or "
                f"damaged; {repair}")
-    results.write_rows(self.workdir, rows)
+    self.workdir.write_rows(rows)
 
   def add(self, bucket, step, train_metrics, eval_metrics):
     """Rows of the valid replicas of `bucket` at `step` from host metric arrays [R]."""
@@ -138,7 +139,7 @@ class ResultsWriter:
       self.file.flush()
       os.fsync(self.file.fileno())
     elif self.writer and self.published:
-      results.write_rows(self.workdir, self.rows())
+      self.workdir.write_rows(self.rows())
 
   def finish(self):
     """Closes the file, first making sure it holds every row (rewritten when it does not)."""

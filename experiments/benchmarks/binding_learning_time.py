@@ -24,6 +24,7 @@ import time
 from bindjax.base import files
 from bindjax.commands import flags as bj_flags
 from bindjax.runtime import parallel
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -239,7 +240,7 @@ def main():
   t0 = time.perf_counter()
   done = sweep.run_sweep(config, args.workdir, overwrite=True, progress=True)
   wall = time.perf_counter() - t0
-  table = learning_times(files.read_jsonl(os.path.join(args.workdir, results.RESULTS_FILE)),
+  table = learning_times(files.read_jsonl(os.path.join(args.workdir, layout.RESULTS_FILE)),
                          args.target)
   devices = jax.devices()
   result = {

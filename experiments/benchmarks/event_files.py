@@ -17,7 +17,6 @@ share of the `cpu` preset's whole-sweep wall time on 2 idle cores
 Writes experiments/benchmarks/results/event_files.{json,md} (--out to change the stem).
 """
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,7 @@ from bindjax.commands import flags
 from bindjax.training import grid
 from bindjax.training import sweep
 from bindjax.workdir import event_files
+from bindjax.workdir import layout
 from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,7 +40,7 @@ WALL_TIME = os.path.join(RESULTS, "preset_wall_time_baseline.json")
 def logged_batches():
   """The `cpu` preset's rows, one list per logged step (every replica), as the loop adds them."""
   config = flags.load_config(os.path.join(REPO, "experiments", "coverage_sweep.py") + ":cpu")
-  template = {r[results.REPLICA]: r for r in results.read_rows(ROWS)}
+  template = {r[results.REPLICA]: r for r in layout.Workdir(ROWS).read_rows()}
   every = (int(config.log_every), int(config.checkpoint.every))
   _, (bucket,) = grid.expand_grid(config)
   steps = [s for s in range(1, bucket.spec.num_steps + 1)
@@ -50,7 +50,7 @@ def logged_batches():
 
 def time_jsonl(batches, directory):
   start = time.perf_counter()
-  with open(os.path.join(directory, results.RESULTS_FILE), "a") as f:
+  with open(os.path.join(directory, layout.RESULTS_FILE), "a") as f:
     for rows in batches:
       files.append_jsonl(f, rows)
   return time.perf_counter() - start

@@ -45,7 +45,7 @@ import jax, numpy as np, tensorstore as ts
 from bindjax.frozen import extract
 from bindjax.runtime import parallel
 from bindjax.training import bucket_programs
-from bindjax.workdir import checkpoint, results
+from bindjax.workdir import checkpoint, layout
 workdir, method, replica = sys.argv[1], sys.argv[2], int(sys.argv[3])
 METRIC = "/tensorstore/kvstore/file/bytes_read"
 
@@ -55,7 +55,7 @@ def bytes_read():
 
 def whole():
   _, _, (bucket,) = extract.read_buckets(workdir)
-  with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+  with checkpoint.Checkpoints(layout.Workdir(workdir).bucket_dir(0)) as ckpt:
     inputs, _ = parallel.pad_to_multiple(bucket.stacked_inputs(),
                                          ckpt.metadata()["padded_replicas"])
     abstract = jax.eval_shape(
@@ -86,7 +86,7 @@ from bindjax.base import files
 from bindjax.commands import flags
 from bindjax.runtime import parallel
 from bindjax.training import bucket_programs, grid
-from bindjax.workdir import checkpoint, results
+from bindjax.workdir import checkpoint, layout, results
 workdir, sizes = sys.argv[1], json.loads(sys.argv[2])
 config = flags.load_config("experiments/coverage_sweep.py:smoke")
 config.grid.spaces, config.grid.coverages = ((2, 10),), (0.5,)
@@ -95,9 +95,9 @@ config.model.update(**sizes)
 replicas, buckets = grid.expand_grid(config)
 assert len(buckets) == 1, f"{len(buckets)} buckets"
 (bucket,) = buckets
-files.write_json(files.as_path(workdir) / results.CONFIG_FILE, results.config_json(config),
+files.write_json(layout.Workdir(workdir).config_file, results.config_json(config),
                  sort_keys=True)
-files.write_json(files.as_path(workdir) / results.REPLICAS_FILE,
+files.write_json(layout.Workdir(workdir).replicas_file,
                  [r.coordinates() for r in replicas])
 inputs = bucket.stacked_inputs()
 device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -111,7 +111,7 @@ state = treedef.unflatten([jax.random.normal(k, x.shape, x.dtype)
                            for k, x in zip(keys, leaves)])
 state["best"]["step"] = jnp.arange(len(bucket.replicas), dtype=jnp.int32)
 state = bucket_programs.checkpoint_state(state, device)
-with checkpoint.Checkpoints(results.bucket_checkpoint_dir(workdir, 0)) as ckpt:
+with checkpoint.Checkpoints(layout.Workdir(workdir).bucket_dir(0)) as ckpt:
   ckpt.save(1, state, {"bucket": 0, "padded_replicas": len(bucket.replicas), "step": 1,
                        "complete": False})
 leaves = jax.tree.leaves(state)

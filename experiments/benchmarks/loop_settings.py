@@ -30,6 +30,8 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(REPO, "experiments", "benchmarks", "results")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import repeats  # noqa: E402  pylint: disable=g-import-not-at-top
 RUNS = {"A": dict(num_steps=200, every=100, log_every=20, warmup=0.1),
         "B": dict(num_steps=300, every=150, log_every=50, warmup=0.2),
         "C": dict(num_steps=200, every=50, log_every=10, warmup=0.1)}
