@@ -107,9 +107,12 @@ def _flip(path, offsets, mask=0xFF):
 # Ctrl-C
 
 # `bindjax sweep` on the tiny sweep that sends itself SIGINT (Ctrl-C) right after its first
-# checkpoint save, mid-run.
+# checkpoint save, mid-run. Python's own SIGINT handler is put back first, as a terminal's run
+# has it: a suite started in the background by a non-interactive shell ignores SIGINT, and its
+# children inherit that.
 _INTERRUPT = textwrap.dedent("""
     import os, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from bindjax.commands import main as cli
     from bindjax.workdir import checkpoint
     save = checkpoint.Checkpoints.save
