@@ -11,6 +11,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_law --workdir=runs/cpu_plain_law
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_product_64 --workdir=runs/cpu_product_64
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64_wd03 --workdir=runs/cpu_plain_64_wd03
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_36_wd03 --workdir=runs/cpu_plain_36_wd03
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -45,6 +46,10 @@ Presets (the ARG after the colon):
              cpu_plain_law's |O| = 64 half with weight decay 0.03, the one lever that steepened
              the plain curve at 64 over 2 seeds (cpu_plain_64): does it give a transition at
              4 seeds?
+  cpu_plain_36_wd03
+             cpu_plain_36 (its 60 replicas, grid, seeds and 5,000 steps) with weight decay
+             0.03: does the lever that lifted every seed at |O| = 64's top coverage give a
+             whole transition at 36, and how do the binding fits rank its replicas?
   gpu_plain_400
              plain towers (no product read-out; the cpu towers with d_ff 1,024) at the study's
              |O| = 400 (C = 2, V = 20), coverage 0.2–0.9 (8 points), 4 seeds, lr 3e-3 without
@@ -145,12 +150,13 @@ def get_config(arg="smoke"):
     _use_cpu_towers(c, product_readout="none")
     c.optimizer.learning_rate = 3e-3
     c.num_steps = 8000
-  elif arg == "cpu_plain_36":
+  elif arg in ("cpu_plain_36", "cpu_plain_36_wd03"):
     c.grid.spaces = ((2, 6),)
     c.grid.coverages = PLAIN_36_COVERAGES
     c.grid.seeds = (0, 1, 2, 3, 4)
     _use_cpu_towers(c, product_readout="none")
-    c.optimizer.update(learning_rate=3e-3, weight_decay=0.0)
+    c.optimizer.update(learning_rate=3e-3,
+                       weight_decay=0.03 if arg == "cpu_plain_36_wd03" else 0.0)
     c.num_steps = 5000
   elif arg in ("cpu_plain_law", "cpu_product_64", "cpu_plain_64_wd03"):
     product = arg == "cpu_product_64"
@@ -191,6 +197,7 @@ def get_config(arg="smoke"):
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
                      "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, cpu_plain_law, "
-                     "cpu_product_64, cpu_plain_64_wd03, gpu_plain_400, gpu_quick, paper or "
+                     "cpu_product_64, cpu_plain_64_wd03, cpu_plain_36_wd03, gpu_plain_400, "
+                     "gpu_quick, paper or "
                      "paper_20m")
   return c

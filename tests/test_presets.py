@@ -33,6 +33,7 @@ SWEEPS = {
     "cpu_plain_law": ((25, 64), 5, 4, 10000, False),
     "cpu_product_64": ((64,), 5, 4, 10000, True),
     "cpu_plain_64_wd03": ((64,), 5, 4, 10000, False),
+    "cpu_plain_36_wd03": ((36,), 12, 5, 5000, False),
     "gpu_plain_400": ((400,), 8, 4, 40000, False),
     "gpu_quick": ((400,), 7, 1, 15000, False),
     "paper": ((400, 2500, 125000), 9, 3, 50000, False),
@@ -55,11 +56,13 @@ def test_coverage_sweep_presets_are_the_documented_grids(preset):
     assert (bucket.spec.model.product_readout == "both") == product_readout
 
 
-# Presets run beside cpu_plain_law's |O| = 64 half so that one setting tells them apart: the
-# settings (flattened config keys) each may change besides the grid's sizes.
-PAIRED_WITH_PLAIN_LAW = {
-    "cpu_product_64": {"model.product_readout"},
-    "cpu_plain_64_wd03": {"optimizer.weight_decay"},
+# Presets run beside another so that one setting tells them apart: the preset each pairs with and
+# the settings (flattened config keys) each may change; where the grids' sizes differ, the paired
+# preset runs a subset of its partner's.
+PAIRED = {
+    "cpu_product_64": ("cpu_plain_law", {"model.product_readout", "grid.spaces"}),
+    "cpu_plain_64_wd03": ("cpu_plain_law", {"optimizer.weight_decay", "grid.spaces"}),
+    "cpu_plain_36_wd03": ("cpu_plain_36", {"optimizer.weight_decay"}),
 }
 
 
@@ -73,12 +76,13 @@ def _flat(config, prefix=""):
   return out
 
 
-@pytest.mark.parametrize("preset", sorted(PAIRED_WITH_PLAIN_LAW))
-def test_paired_presets_differ_from_the_plain_law_in_one_setting(preset):
-  plain, paired = (_flat(load("coverage_sweep", arg)) for arg in ("cpu_plain_law", preset))
-  differ = {key for key in plain.keys() | paired.keys() if plain.get(key) != paired.get(key)}
-  assert differ == PAIRED_WITH_PLAIN_LAW[preset] | {"grid.spaces"}
-  assert set(paired["grid.spaces"]) < set(plain["grid.spaces"])
+@pytest.mark.parametrize("preset", sorted(PAIRED))
+def test_paired_presets_differ_from_their_partner_in_one_setting(preset):
+  partner, settings = PAIRED[preset]
+  base, paired = (_flat(load("coverage_sweep", arg)) for arg in (partner, preset))
+  differ = {key for key in base.keys() | paired.keys() if base.get(key) != paired.get(key)}
+  assert differ == settings
+  assert set(paired["grid.spaces"]) <= set(base["grid.spaces"])
 
 
 # Per training preset: |O|, steps, layers and width of the towers.
