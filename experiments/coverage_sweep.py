@@ -12,6 +12,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_product_64 --workdir=runs/cpu_product_64
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64_wd03 --workdir=runs/cpu_plain_64_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_36_wd03 --workdir=runs/cpu_plain_36_wd03
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64_wd03_low --workdir=runs/cpu_plain_64_wd03_low
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -46,6 +47,9 @@ Presets (the ARG after the colon):
              cpu_plain_law's |O| = 64 half with weight decay 0.03, the one lever that steepened
              the plain curve at 64 over 2 seeds (cpu_plain_64): does it give a transition at
              4 seeds?
+  cpu_plain_64_wd03_low
+             cpu_plain_64_wd03 at coverage 0.2 alone (4 replicas): the point below its grid that
+             the transition test's lower half asks for, its seeds 0.18-0.25 at coverage 0.3.
   cpu_plain_36_wd03
              cpu_plain_36 (its 60 replicas, grid, seeds and 5,000 steps) with weight decay
              0.03: does the lever that lifted every seed at |O| = 64's top coverage give a
@@ -158,14 +162,14 @@ def get_config(arg="smoke"):
     c.optimizer.update(learning_rate=3e-3,
                        weight_decay=0.03 if arg == "cpu_plain_36_wd03" else 0.0)
     c.num_steps = 5000
-  elif arg in ("cpu_plain_law", "cpu_product_64", "cpu_plain_64_wd03"):
+  elif arg in ("cpu_plain_law", "cpu_product_64", "cpu_plain_64_wd03", "cpu_plain_64_wd03_low"):
     product = arg == "cpu_product_64"
     c.grid.spaces = ((2, 5), (2, 8)) if arg == "cpu_plain_law" else ((2, 8),)
-    c.grid.coverages = CPU_COVERAGES
+    c.grid.coverages = (0.2,) if arg == "cpu_plain_64_wd03_low" else CPU_COVERAGES
     c.grid.seeds = (0, 1, 2, 3)
     _use_cpu_towers(c, product_readout="both" if product else "none")
     c.optimizer.update(learning_rate=3e-3,
-                       weight_decay=0.03 if arg == "cpu_plain_64_wd03" else 0.0)
+                       weight_decay=0.03 if arg.startswith("cpu_plain_64_wd03") else 0.0)
     c.num_steps = 10000
   elif arg == "gpu_plain_400":
     c.grid.spaces = ((2, 20),)
@@ -197,7 +201,8 @@ def get_config(arg="smoke"):
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
                      "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, cpu_plain_law, "
-                     "cpu_product_64, cpu_plain_64_wd03, cpu_plain_36_wd03, gpu_plain_400, "
+                     "cpu_product_64, cpu_plain_64_wd03, cpu_plain_64_wd03_low, cpu_plain_36_wd03, "
+                     "gpu_plain_400, "
                      "gpu_quick, paper or "
                      "paper_20m")
   return c

@@ -34,6 +34,7 @@ SWEEPS = {
     "cpu_product_64": ((64,), 5, 4, 10000, True),
     "cpu_plain_64_wd03": ((64,), 5, 4, 10000, False),
     "cpu_plain_36_wd03": ((36,), 12, 5, 5000, False),
+    "cpu_plain_64_wd03_low": ((64,), 1, 4, 10000, False),
     "gpu_plain_400": ((400,), 8, 4, 40000, False),
     "gpu_quick": ((400,), 7, 1, 15000, False),
     "paper": ((400, 2500, 125000), 9, 3, 50000, False),
@@ -63,6 +64,7 @@ PAIRED = {
     "cpu_product_64": ("cpu_plain_law", {"model.product_readout", "grid.spaces"}),
     "cpu_plain_64_wd03": ("cpu_plain_law", {"optimizer.weight_decay", "grid.spaces"}),
     "cpu_plain_36_wd03": ("cpu_plain_36", {"optimizer.weight_decay"}),
+    "cpu_plain_64_wd03_low": ("cpu_plain_64_wd03", {"grid.coverages"}),
 }
 
 
