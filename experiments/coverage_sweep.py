@@ -12,6 +12,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_product_64 --workdir=runs/cpu_product_64
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64_wd03 --workdir=runs/cpu_plain_64_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_36_wd03 --workdir=runs/cpu_plain_36_wd03
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_49_wd03 --workdir=runs/cpu_plain_49_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64_wd03_low --workdir=runs/cpu_plain_64_wd03_low
 
 Presets (the ARG after the colon):
@@ -50,6 +51,10 @@ Presets (the ARG after the colon):
   cpu_plain_64_wd03_low
              cpu_plain_64_wd03 at coverage 0.2 alone (4 replicas): the point below its grid that
              the transition test's lower half asks for, its seeds 0.18-0.25 at coverage 0.3.
+  cpu_plain_49_wd03
+             cpu_plain_64_wd03's towers, optimiser and steps at |O| = 49 (C = 2, V = 7), coverage
+             0.2, 0.3, 0.5, 0.7, 0.8, 0.9 × 4 seeds: with |O| = 36 and 64, weight decay 0.03 at
+             three sizes.
   cpu_plain_36_wd03
              cpu_plain_36 (its 60 replicas, grid, seeds and 5,000 steps) with weight decay
              0.03: does the lever that lifted every seed at |O| = 64's top coverage give a
@@ -105,6 +110,10 @@ CPU_COVERAGES = (0.3, 0.5, 0.7, 0.8, 0.9)
 CPU_196_COVERAGES = (0.2, 0.3, 0.5, 0.7, 0.9)
 # Twelve coverages of |O| = 36 with distinct training-object counts (9 to 32).
 PLAIN_36_COVERAGES = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9)
+# cpu_plain_law and the presets that change one of its settings, with their object spaces.
+PLAIN_LAW_PRESETS = {"cpu_plain_law": ((2, 5), (2, 8)), "cpu_product_64": ((2, 8),),
+                     "cpu_plain_64_wd03": ((2, 8),), "cpu_plain_64_wd03_low": ((2, 8),),
+                     "cpu_plain_49_wd03": ((2, 7),)}
 # gpu_plain_400's step count before device_sweep.sh re-sizes it from the measured rate.
 GPU_PLAIN_STEPS = 40000
 
@@ -162,14 +171,14 @@ def get_config(arg="smoke"):
     c.optimizer.update(learning_rate=3e-3,
                        weight_decay=0.03 if arg == "cpu_plain_36_wd03" else 0.0)
     c.num_steps = 5000
-  elif arg in ("cpu_plain_law", "cpu_product_64", "cpu_plain_64_wd03", "cpu_plain_64_wd03_low"):
+  elif arg in PLAIN_LAW_PRESETS:
     product = arg == "cpu_product_64"
-    c.grid.spaces = ((2, 5), (2, 8)) if arg == "cpu_plain_law" else ((2, 8),)
-    c.grid.coverages = (0.2,) if arg == "cpu_plain_64_wd03_low" else CPU_COVERAGES
+    c.grid.spaces = PLAIN_LAW_PRESETS[arg]
+    c.grid.coverages = {"cpu_plain_64_wd03_low": (0.2,),
+                        "cpu_plain_49_wd03": (0.2,) + CPU_COVERAGES}.get(arg, CPU_COVERAGES)
     c.grid.seeds = (0, 1, 2, 3)
     _use_cpu_towers(c, product_readout="both" if product else "none")
-    c.optimizer.update(learning_rate=3e-3,
-                       weight_decay=0.03 if arg.startswith("cpu_plain_64_wd03") else 0.0)
+    c.optimizer.update(learning_rate=3e-3, weight_decay=0.03 if "wd03" in arg else 0.0)
     c.num_steps = 10000
   elif arg == "gpu_plain_400":
     c.grid.spaces = ((2, 20),)
@@ -201,8 +210,8 @@ def get_config(arg="smoke"):
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
                      "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, cpu_plain_law, "
-                     "cpu_product_64, cpu_plain_64_wd03, cpu_plain_64_wd03_low, cpu_plain_36_wd03, "
-                     "gpu_plain_400, "
+                     "cpu_product_64, cpu_plain_64_wd03, cpu_plain_64_wd03_low, cpu_plain_49_wd03, "
+                     "cpu_plain_36_wd03, gpu_plain_400, "
                      "gpu_quick, paper or "
                      "paper_20m")
   return c
