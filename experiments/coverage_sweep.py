@@ -15,6 +15,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_49_wd03 --workdir=runs/cpu_plain_49_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64_wd03_low --workdir=runs/cpu_plain_64_wd03_low
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64_wd03_60 --workdir=runs/cpu_plain_64_wd03_60
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_product_64_wd03 --workdir=runs/cpu_product_64_wd03
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -57,6 +58,9 @@ Presets (the ARG after the colon):
              0.2-0.9 (denser around its rho* of 0.65) × seeds 0-4, the first plain size whose
              every seed passes the transition test: the replicas `bindjax binding` fits for
              the third claim.
+  cpu_product_64_wd03
+             cpu_product_64 with weight decay 0.03 and coverage 0.2 added (0.2-0.9 × 4 seeds):
+             beside cpu_plain_64_wd03 and its 0.2 point, the read-out is the only difference.
   cpu_plain_49_wd03
              cpu_plain_64_wd03's towers, optimiser and steps at |O| = 49 (C = 2, V = 7), coverage
              0.2, 0.3, 0.5, 0.7, 0.8, 0.9 × 4 seeds: with |O| = 36 and 64, weight decay 0.03 at
@@ -122,7 +126,8 @@ PLAIN_64_COVERAGES = (0.2, 0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85,
 # cpu_plain_law and the presets that change one of its settings, with their object spaces.
 PLAIN_LAW_PRESETS = {"cpu_plain_law": ((2, 5), (2, 8)), "cpu_product_64": ((2, 8),),
                      "cpu_plain_64_wd03": ((2, 8),), "cpu_plain_64_wd03_low": ((2, 8),),
-                     "cpu_plain_49_wd03": ((2, 7),), "cpu_plain_64_wd03_60": ((2, 8),)}
+                     "cpu_plain_49_wd03": ((2, 7),), "cpu_plain_64_wd03_60": ((2, 8),),
+                     "cpu_product_64_wd03": ((2, 8),)}
 # gpu_plain_400's step count before device_sweep.sh re-sizes it from the measured rate.
 GPU_PLAIN_STEPS = 40000
 
@@ -181,10 +186,11 @@ def get_config(arg="smoke"):
                        weight_decay=0.03 if arg == "cpu_plain_36_wd03" else 0.0)
     c.num_steps = 5000
   elif arg in PLAIN_LAW_PRESETS:
-    product = arg == "cpu_product_64"
+    product = arg.startswith("cpu_product_64")
     c.grid.spaces = PLAIN_LAW_PRESETS[arg]
     c.grid.coverages = {"cpu_plain_64_wd03_low": (0.2,),
                         "cpu_plain_49_wd03": (0.2,) + CPU_COVERAGES,
+                        "cpu_product_64_wd03": (0.2,) + CPU_COVERAGES,
                         "cpu_plain_64_wd03_60": PLAIN_64_COVERAGES}.get(arg, CPU_COVERAGES)
     c.grid.seeds = (0, 1, 2, 3, 4) if arg == "cpu_plain_64_wd03_60" else (0, 1, 2, 3)
     _use_cpu_towers(c, product_readout="both" if product else "none")
@@ -221,7 +227,7 @@ def get_config(arg="smoke"):
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
                      "cpu_144, cpu_c3, cpu_196, cpu_plain_64, cpu_plain_36, cpu_plain_law, "
                      "cpu_product_64, cpu_plain_64_wd03, cpu_plain_64_wd03_low, cpu_plain_49_wd03, "
-                     "cpu_plain_64_wd03_60, "
+                     "cpu_plain_64_wd03_60, cpu_product_64_wd03, "
                      "cpu_plain_36_wd03, gpu_plain_400, "
                      "gpu_quick, paper or "
                      "paper_20m")

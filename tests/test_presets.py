@@ -37,6 +37,7 @@ SWEEPS = {
     "cpu_plain_64_wd03_low": ((64,), 1, 4, 10000, False),
     "cpu_plain_49_wd03": ((49,), 6, 4, 10000, False),
     "cpu_plain_64_wd03_60": ((64,), 12, 5, 10000, False),
+    "cpu_product_64_wd03": ((64,), 6, 4, 10000, True),
     "gpu_plain_400": ((400,), 8, 4, 40000, False),
     "gpu_quick": ((400,), 7, 1, 15000, False),
     "paper": ((400, 2500, 125000), 9, 3, 50000, False),
@@ -68,6 +69,7 @@ PAIRED = {
     "cpu_plain_64_wd03_low": ("cpu_plain_64_wd03", {"grid.coverages"}),
     "cpu_plain_49_wd03": ("cpu_plain_64_wd03", {"grid.spaces", "grid.coverages"}),
     "cpu_plain_64_wd03_60": ("cpu_plain_64_wd03", {"grid.coverages", "grid.seeds"}),
+    "cpu_product_64_wd03": ("cpu_plain_64_wd03", {"model.product_readout", "grid.coverages"}),
 }
 
 
