@@ -1,5 +1,7 @@
 """The coordinate solver, the default fit of the additive and product families
 (docs/complexity.md, "The coordinate solver" and "Identifiability")."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,11 +115,37 @@ def test_a_split_that_does_not_identify_the_structure_is_reported():
   assert rows[1]["final_test_only_r2"] >= 0.9
 
 
+def test_screening_continues_the_cheapest_start_and_without_it_keeps_the_cheapest_end():
+  """Steps(starts, screen, iterations): with screen = iterations the kept cost is the lowest of
+  the starts' own full runs; with screen < iterations it is at most the cheapest start's cost
+  after `screen` steps, since a step is only taken when it lowers the cost."""
+  values = (5, 5)
+  objects, ids, targets = per_object_hadamard(values, 1, 0.05, DRAW + 4)
+  model = dataclasses.replace(families.make("per_object_sum_product", values, 2, 1),
+                              max_objects=1)
+  slots_UxC = jnp.asarray(objects[:25, 0])
+  y_U = jnp.asarray(targets[:25, 0] - targets[:25, 0].mean(), jnp.float32)
+  weight_U = jnp.ones(25).at[:5].set(0.0)
+  key = jax.random.PRNGKey(DRAW + 5)
+  def kept(steps):
+    return coordinate._best_of_starts(key, slots_UxC, y_U, weight_U, model, steps, 1e-3)[1]
+  starts_RxP = jax.vmap(lambda k: coordinate._init_theta(k, model))(jax.random.split(key, 4))
+  starts_RxP = starts_RxP.at[0].set(coordinate._completion_start(slots_UxC, y_U, weight_U, model))
+  def run(iterations):
+    return jax.vmap(lambda t: coordinate._levenberg_marquardt(
+        t, slots_UxC, y_U, weight_U, model, iterations, 1e-3)[1])(starts_RxP)
+  np.testing.assert_allclose(kept(coordinate.Steps(4, 12, 12)), run(12).min(), rtol=1e-6)
+  assert kept(coordinate.Steps(4, 3, 12)) <= run(3).min() * (1 + 1e-6)
+
+
 def test_solver_setting_is_validated_naming_the_field():
   with pytest.raises(ValueError, match="solver="):
     fitting.FitConfig(solver="newton").validate()
   with pytest.raises(ValueError, match="solver_starts="):
     fitting.FitConfig(solver_starts=0).validate()
+  for screen in (0, 31):
+    with pytest.raises(ValueError, match="solver_screen="):
+      fitting.FitConfig(solver_screen=screen, solver_iterations=30).validate()
   mlp = families.make("mlp", (3, 3), 2, 8, widths=(4,))
   assert fitting.FitConfig().solver_for(mlp) == "adam"
   with pytest.raises(ValueError, match="solver='coordinate'"):

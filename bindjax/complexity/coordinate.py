@@ -13,6 +13,7 @@ lowest training cost of each coordinate is kept. Every function here is pure and
 over coordinates, starts and models.
 """
 import dataclasses
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,15 @@ IMPUTE_SWEEPS = 30
 # A coordinate's predictions are identified when the null space carries at most this share of
 # the squared Jacobian of its predictions on every scene.
 LEAK_TOLERANCE = 1e-4
+
+
+class Steps(typing.NamedTuple):
+  """A coordinate's Levenberg–Marquardt schedule: `starts` starts take `screen` steps each, then
+  the cheapest alone goes on to `iterations` steps in all (screen = iterations: every start runs
+  to the end)."""
+  starts: int
+  screen: int
+  iterations: int
 
 
 def supports(model):
@@ -138,25 +148,26 @@ def _completion_start(values_UxC, y_U, weight_U, model, sweeps=IMPUTE_SWEEPS):
   return jnp.concatenate([c[None], row_V * has_sum, col_V * has_sum, b0_V, b1_V])
 
 
-def _best_of_starts(key, slots_TxS, y_T, weight_T, model, starts, iterations, ridge):
-  """One coordinate fitted from `starts` starts drawn from `key` (the first, for one object of
-  two concepts, `_completion_start`); the cheapest (θ, cost)."""
-  theta_RxP = jax.vmap(lambda k: _init_theta(k, model))(jax.random.split(key, starts))
+def _best_of_starts(key, slots_TxS, y_T, weight_T, model, steps, ridge):
+  """One coordinate fitted from `steps.starts` starts drawn from `key` (the first, for one
+  object of two concepts, `_completion_start`): every start takes `steps.screen` steps, then
+  only the cheapest goes on to `steps.iterations` in all; its (θ, cost)."""
+  theta_RxP = jax.vmap(lambda k: _init_theta(k, model))(jax.random.split(key, steps.starts))
   if model.num_slots == 2 and LAYOUT[model.family][2]:
     theta_RxP = theta_RxP.at[0].set(_completion_start(slots_TxS, y_T, weight_T, model))
   theta_RxP, cost_R = jax.vmap(lambda t: _levenberg_marquardt(
-      t, slots_TxS, y_T, weight_T, model, iterations, ridge))(theta_RxP)
+      t, slots_TxS, y_T, weight_T, model, steps.screen, ridge))(theta_RxP)
   best = jnp.argmin(jnp.where(jnp.isfinite(cost_R), cost_R, jnp.inf))
-  return theta_RxP[best], cost_R[best]
+  return _levenberg_marquardt(theta_RxP[best], slots_TxS, y_T, weight_T, model,
+                              steps.iterations - steps.screen, ridge)
 
 
-def _solve_coordinates(key, slots_TxS, targets_TxD, weight_T, model, starts, iterations,
-                       ridge):
+def _solve_coordinates(key, slots_TxS, targets_TxD, weight_T, model, steps, ridge):
   """θ [D, P] and cost [D] of every coordinate; each coordinate draws its own starts, since
   shared starts would fail together."""
   keys_Dx2 = jax.random.split(key, targets_TxD.shape[1])
-  return jax.vmap(lambda k, y_T: _best_of_starts(k, slots_TxS, y_T, weight_T, model, starts,
-                                                 iterations, ridge),
+  return jax.vmap(lambda k, y_T: _best_of_starts(k, slots_TxS, y_T, weight_T, model, steps,
+                                                 ridge),
                   in_axes=(0, 1))(keys_Dx2, targets_TxD)
 
 
@@ -190,8 +201,9 @@ def _object_tables(values_TxKxC, ids_TxK, targets_TxD, weight_T, num_objects):
 
 
 def solve(key, rows_T, weight_T, targets_TxD, values_NxKxC, ids_NxK, num_objects, model,
-          starts, iterations, ridge):
-  """Every coordinate of one model fitted from `starts` starts, the cheapest kept, under a
+          steps, ridge):
+  """Every coordinate of one model fitted by Levenberg–Marquardt on the schedule `steps`
+  (`Steps`: starts, the steps all of them take, the cheapest one's steps in all) under a
   penalty of `ridge` times the mean curvature per value on ‖θ‖² (`_ridge`).
 
   rows_T: the training scenes among the N scenes (values_NxKxC, object ids ids_NxK < num_objects);
@@ -211,8 +223,8 @@ def solve(key, rows_T, weight_T, targets_TxD, values_NxKxC, ids_NxK, num_objects
     # Linear: the Jacobian, so the answer, is the same for every coordinate.
     return theta_DxP, identified(theta_DxP[:1], slots_NxS[rows_T], weight_T, slots_NxS, model)
   if not LAYOUT[model.family][2]:
-    theta_DxP = _solve_coordinates(key, slots_NxS[rows_T], targets_TxD, weight_T, model, starts,
-                                   iterations, ridge)[0]
+    theta_DxP = _solve_coordinates(key, slots_NxS[rows_T], targets_TxD, weight_T, model, steps,
+                                   ridge)[0]
     return theta_DxP, identified(theta_DxP, slots_NxS[rows_T], weight_T, slots_NxS, model)
   g_KxUxD, count_KxU = _object_tables(values_NxKxC[rows_T], ids_NxK[rows_T], targets_TxD,
                                       weight_T, num_objects)
@@ -220,8 +232,7 @@ def solve(key, rows_T, weight_T, targets_TxD, values_NxKxC, ids_NxK, num_objects
   single = dataclasses.replace(model, max_objects=1)
 
   def position(key_2, g_UxD, w_U):
-    theta_DxQ = _solve_coordinates(key_2, values_UxC, g_UxD, w_U, single, starts,
-                                   iterations, ridge)[0]
+    theta_DxQ = _solve_coordinates(key_2, values_UxC, g_UxD, w_U, single, steps, ridge)[0]
     return theta_DxQ, identified(theta_DxQ, values_UxC, w_U, values_UxC, single)
 
   theta_KxDxQ, share_K = jax.vmap(position)(jax.random.split(key, k), g_KxUxD, count_KxU)

@@ -83,7 +83,10 @@ class FitConfig:
   # coordinate solver where it applies, Adam elsewhere (MLPs, E < D, learned W).
   solver: str = "auto"
   solver_starts: int = 8        # coordinate solver: starts per coordinate, the cheapest kept
-  solver_iterations: int = 30   # coordinate solver: Levenberg–Marquardt steps per start
+  solver_iterations: int = 30   # coordinate solver: Levenberg–Marquardt steps of the kept start
+  # coordinate solver: steps every start takes before only the cheapest goes on (docs/
+  # complexity.md, "The coordinate solver"); solver_iterations: every start runs to the end.
+  solver_screen: int = 30
   # coordinate solver: penalty on ‖θ‖² per coordinate, in units of its mean curvature per value
   # (docs/complexity.md, "The coordinate solver").
   solver_ridge: float = 1e-3
@@ -122,6 +125,9 @@ class FitConfig:
     if self.solver_starts < 1 or self.solver_iterations < 1:
       raise ValueError(f"solver_starts={self.solver_starts}, solver_iterations="
                        f"{self.solver_iterations}: expected positive integers")
+    if not 1 <= self.solver_screen <= self.solver_iterations:
+      raise ValueError(f"solver_screen={self.solver_screen}: expected an integer from 1 to "
+                       f"solver_iterations={self.solver_iterations}")
     if self.weight_decay != "auto" and not (isinstance(self.weight_decay, (int, float))
                                             and self.weight_decay >= 0):
       raise ValueError(f"weight_decay={self.weight_decay!r}: expected 'auto' or a number ≥ 0")

@@ -90,7 +90,8 @@ def run(args):
   configs = {"old": dataclasses.replace(OLD, steps=args.old_steps),
              "new": dataclasses.replace(NEW, solver_ridge=args.solver_ridge,
                                         solver_starts=args.solver_starts,
-                                        solver_iterations=args.solver_iterations)}
+                                        solver_iterations=args.solver_iterations,
+                                        solver_screen=args.solver_screen)}
   configs = {name: configs[name] for name in args.solvers}
   cells = []
   for out_dim in args.dims:
@@ -163,6 +164,7 @@ def main():
                       help="the new default's coordinate-solver ridge (FitConfig.solver_ridge)")
   parser.add_argument("--solver_starts", default=NEW.solver_starts, type=int)
   parser.add_argument("--solver_iterations", default=NEW.solver_iterations, type=int)
+  parser.add_argument("--solver_screen", default=NEW.solver_screen, type=int)
   parser.add_argument("--name", default="", help="suffix of the result files")
   args = parser.parse_args()
   start_load = os.getloadavg()
