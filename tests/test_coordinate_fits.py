@@ -50,17 +50,20 @@ def fit(model, data, probes, fraction=0.7, seeds=SEEDS, splits=None, config=CONF
   return rows, infos
 
 
-@pytest.mark.parametrize("screen", [CONFIG.solver_iterations, 10])
-def test_default_fit_recovers_a_planted_per_object_set_at_d64(screen):
+@pytest.mark.parametrize("settings", [{}, {"solver_screen": 10},
+                                      {"solver_projection": True, "solver_iterations": 10,
+                                       "solver_screen": 10}])
+def test_default_fit_recovers_a_planted_per_object_set_at_d64(settings):
   """The per-object Hadamard set at D = 64 (noise 0.05): at the default settings the
   per_object_sum_product fit reaches its training scenes and predicts scenes of objects it
   never saw, on splits that identify the structure; so does a fit whose starts are screened
-  after 10 of the 30 steps, the cheapest alone going on."""
+  after 10 of the 30 steps, the cheapest alone going on, and one by variable projection in 10
+  steps."""
   values = (8, 8)
   objects, ids, targets = per_object_hadamard(values, 64, 0.05, DRAW)
   data, probes = make_data(values, objects, ids, targets)
   model = families.make("per_object_sum_product", values, 2, 64)
-  rows, infos = fit(model, data, probes, config=dataclasses.replace(CONFIG, solver_screen=screen))
+  rows, infos = fit(model, data, probes, config=dataclasses.replace(CONFIG, **settings))
   assert infos[0]["solver"] == "coordinate"
   report = [(r["final_train_only_r2"], r["final_test_only_r2"], r["identified_share"])
             for r in rows]
@@ -83,14 +86,16 @@ def own_form(family, values, out_dim, draw):
   return model, objects, ids, np.asarray(model.apply(params, objects))
 
 
+@pytest.mark.parametrize("projection", [False, True])
 @pytest.mark.parametrize("family", sorted(coordinate.LAYOUT))
-def test_default_fit_reaches_the_training_scenes_of_its_own_form(family):
+def test_default_fit_reaches_the_training_scenes_of_its_own_form(family, projection):
   """Train-only R² ≥ 0.99 for every family the solver fits, on scenes planted from its own
-  coordinate form."""
+  coordinate form, by Levenberg–Marquardt on all of θ and by variable projection."""
   values = (5, 5)
   model, objects, ids, targets = own_form(family, values, 16, DRAW + 1)
   data, probes = make_data(values, objects, ids, targets)
-  rows, _ = fit(model, data, probes)
+  rows, _ = fit(model, data, probes,
+                config=dataclasses.replace(CONFIG, solver_projection=projection))
   r2 = [r["final_train_only_r2"] for r in rows]
   print(family, "train-only R²:", r2)
   assert min(r2) >= 0.99, r2
@@ -122,6 +127,8 @@ def test_solver_setting_is_validated_naming_the_field():
     fitting.FitConfig(solver="newton").validate()
   with pytest.raises(ValueError, match="solver_starts="):
     fitting.FitConfig(solver_starts=0).validate()
+  with pytest.raises(ValueError, match="solver_projection="):
+    fitting.FitConfig(solver_projection="yes").validate()
   for screen in (0, 31):
     with pytest.raises(ValueError, match="solver_screen="):
       fitting.FitConfig(solver_screen=screen, solver_iterations=30).validate()

@@ -36,10 +36,12 @@ LEAK_TOLERANCE = 1e-4
 class Steps(typing.NamedTuple):
   """A coordinate's Levenberg–Marquardt schedule: `starts` starts take `screen` steps each, then
   the cheapest alone goes on to `iterations` steps in all (screen = iterations: every start runs
-  to the end)."""
+  to the end). projection: step the product tables alone, the intercept and sum tables solved
+  exactly at every step (`_projected_levenberg_marquardt`)."""
   starts: int
   screen: int
   iterations: int
+  projection: bool = False
 
 
 def supports(model):
@@ -121,6 +123,49 @@ def _levenberg_marquardt(theta_P, slots_TxS, y_T, weight_T, model, iterations, r
   return theta, final
 
 
+def _projected_levenberg_marquardt(theta_P, slots_TxS, y_T, weight_T, model, iterations,
+                                   ridge):
+  """`_levenberg_marquardt` by variable projection: θ = [l, b] with l = [c, a] entering the
+  predictions linearly, so for any product tables b the best l is one least-squares solve
+  l(b) = M (y − m(b)), M = (AᵀWA + ridge·I)⁻¹AᵀW, whose design A (the one-hot value codes) every
+  start and coordinate shares. The damped Gauss–Newton steps run on b alone, on the cost
+  with l(b) put in (Golub and Pereyra's reduced problem); (θ = [l(b), b], final cost)."""
+  ridge = _ridge(weight_T, model, ridge)
+  size_l = 1 + (theta_P.shape[0] - 1) // 2
+  a_TxL = _rows(jnp.zeros_like(theta_P), slots_TxS, model)[1][:, :size_l]
+  m_LxT = jnp.linalg.solve(a_TxL.T @ (weight_T[:, None] * a_TxL) + ridge * jnp.eye(size_l),
+                           a_TxL.T * weight_T)
+
+  def parts(b_B):
+    """(l, residuals, ∂m/∂b, cost) at product tables b."""
+    m_T, jac_TxP = _rows(jnp.concatenate([jnp.zeros(size_l), b_B]), slots_TxS, model)
+    l_L = m_LxT @ (y_T - m_T)
+    r_T = y_T - m_T - a_TxL @ l_L
+    cost = (weight_T * r_T ** 2).sum() + ridge * (l_L @ l_L + b_B @ b_B)
+    return l_L, r_T, jac_TxP[:, size_l:], cost
+
+  eye = jnp.eye(theta_P.shape[0] - size_l, dtype=jnp.float32)
+
+  def step(_, carry):
+    b_B, current, damping = carry
+    _, r_T, jm_TxB, _ = parts(b_B)
+    dl_LxB = m_LxT @ jm_TxB          # −∂l/∂b
+    jr_TxB = jm_TxB - a_TxL @ dl_LxB  # −∂r/∂b
+    h_BxB = jr_TxB.T @ (weight_T[:, None] * jr_TxB) + ridge * (dl_LxB.T @ dl_LxB + eye)
+    # The reduced cost's gradient is the full one's in b at l = l(b) (l is optimal there).
+    g_B = -jm_TxB.T @ (weight_T * r_T) + ridge * b_B
+    scale = jnp.trace(h_BxB) / eye.shape[0] + 1e-12
+    trial = b_B + jnp.linalg.solve(h_BxB + damping * scale * eye, -g_B)
+    trial_cost = parts(trial)[3]
+    better = jnp.isfinite(trial_cost) & (trial_cost < current)
+    return (jnp.where(better, trial, b_B), jnp.where(better, trial_cost, current),
+            jnp.where(better, damping * 0.3, damping * 4.0))
+
+  b_B = theta_P[size_l:]
+  b_B, final, _ = jax.lax.fori_loop(0, iterations, step, (b_B, parts(b_B)[3], 1e-2))
+  return jnp.concatenate([parts(b_B)[0], b_B]), final
+
+
 def _completion_start(values_UxC, y_U, weight_U, model, sweeps=IMPUTE_SWEEPS):
   """θ of one object's two-concept form c + a₀[v₀] + a₁[v₁] + b₀[v₀]·b₁[v₁] from its V × V table
   of object values, observed where weight_U > 0, by hard imputation: fill the unobserved cells
@@ -155,11 +200,12 @@ def _best_of_starts(key, slots_TxS, y_T, weight_T, model, steps, ridge):
   theta_RxP = jax.vmap(lambda k: _init_theta(k, model))(jax.random.split(key, steps.starts))
   if model.num_slots == 2 and LAYOUT[model.family][2]:
     theta_RxP = theta_RxP.at[0].set(_completion_start(slots_TxS, y_T, weight_T, model))
-  theta_RxP, cost_R = jax.vmap(lambda t: _levenberg_marquardt(
+  fit = _projected_levenberg_marquardt if steps.projection else _levenberg_marquardt
+  theta_RxP, cost_R = jax.vmap(lambda t: fit(
       t, slots_TxS, y_T, weight_T, model, steps.screen, ridge))(theta_RxP)
   best = jnp.argmin(jnp.where(jnp.isfinite(cost_R), cost_R, jnp.inf))
-  return _levenberg_marquardt(theta_RxP[best], slots_TxS, y_T, weight_T, model,
-                              steps.iterations - steps.screen, ridge)
+  return fit(theta_RxP[best], slots_TxS, y_T, weight_T, model, steps.iterations - steps.screen,
+             ridge)
 
 
 def _solve_coordinates(key, slots_TxS, targets_TxD, weight_T, model, steps, ridge):

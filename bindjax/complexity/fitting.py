@@ -87,6 +87,9 @@ class FitConfig:
   # coordinate solver: steps every start takes before only the cheapest goes on (docs/
   # complexity.md, "The coordinate solver"); solver_iterations: every start runs to the end.
   solver_screen: int = 30
+  # coordinate solver: step the product tables alone, the intercept and sum tables solved
+  # exactly at each step (variable projection; docs/complexity.md, "The coordinate solver").
+  solver_projection: bool = False
   # coordinate solver: penalty on ‖θ‖² per coordinate, in units of its mean curvature per value
   # (docs/complexity.md, "The coordinate solver").
   solver_ridge: float = 1e-3
@@ -125,6 +128,8 @@ class FitConfig:
     if self.solver_starts < 1 or self.solver_iterations < 1:
       raise ValueError(f"solver_starts={self.solver_starts}, solver_iterations="
                        f"{self.solver_iterations}: expected positive integers")
+    if not isinstance(self.solver_projection, bool):
+      raise ValueError(f"solver_projection={self.solver_projection!r}: expected True or False")
     if not 1 <= self.solver_screen <= self.solver_iterations:
       raise ValueError(f"solver_screen={self.solver_screen}: expected an integer from 1 to "
                        f"solver_iterations={self.solver_iterations}")

@@ -91,7 +91,8 @@ def run(args):
              "new": dataclasses.replace(NEW, solver_ridge=args.solver_ridge,
                                         solver_starts=args.solver_starts,
                                         solver_iterations=args.solver_iterations,
-                                        solver_screen=args.solver_screen)}
+                                        solver_screen=args.solver_screen,
+                                        solver_projection=args.solver_projection)}
   configs = {name: configs[name] for name in args.solvers}
   cells = []
   for out_dim in args.dims:
@@ -165,6 +166,8 @@ def main():
   parser.add_argument("--solver_starts", default=NEW.solver_starts, type=int)
   parser.add_argument("--solver_iterations", default=NEW.solver_iterations, type=int)
   parser.add_argument("--solver_screen", default=NEW.solver_screen, type=int)
+  parser.add_argument("--solver_projection", action="store_true",
+                      help="the new default with FitConfig.solver_projection=True")
   parser.add_argument("--name", default="", help="suffix of the result files")
   args = parser.parse_args()
   start_load = os.getloadavg()
