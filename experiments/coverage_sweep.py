@@ -55,9 +55,9 @@ Presets (the ARG after the colon):
              the transition test's lower half asks for, its seeds 0.18-0.25 at coverage 0.3.
   cpu_plain_64_wd03_60
              60 replicas of cpu_plain_64_wd03's towers, optimiser and 10,000 steps: 12 coverages
-             0.2-0.9 (denser around its rho* of 0.65) × seeds 0-4, the first plain size whose
-             every seed passes the transition test: the replicas `bindjax binding` fits for
-             the third claim.
+             0.2-0.9 (denser around its rho* of 0.65) × seeds 0-4, at the first plain size
+             whose 4-seed grid passed the transition test (here one seed of five misses it at
+             0.9): the replicas `bindjax binding` fits for the third claim.
   cpu_product_64_wd03
              cpu_product_64 with weight decay 0.03 and coverage 0.2 added (0.2-0.9 × 4 seeds):
              beside cpu_plain_64_wd03 and its 0.2 point, the read-out is the only difference.
