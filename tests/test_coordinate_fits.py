@@ -129,7 +129,7 @@ def test_solver_setting_is_validated_naming_the_field():
     fitting.FitConfig(solver_starts=0).validate()
   with pytest.raises(ValueError, match="solver_projection="):
     fitting.FitConfig(solver_projection="yes").validate()
-  for screen in (0, 31):
+  for screen in (-1, 31):
     with pytest.raises(ValueError, match="solver_screen="):
       fitting.FitConfig(solver_screen=screen, solver_iterations=30).validate()
   mlp = families.make("mlp", (3, 3), 2, 8, widths=(4,))

@@ -152,8 +152,8 @@ def _solve_one(point, rows_T, valid_T, data, model, config):
   mean_D, spread = _target_stats(raw_TxD, valid_T, config)
   targets_TxD = (raw_TxD - mean_D) / spread
   weight_T = valid_T.astype(jnp.float32)
-  steps = coordinate.Steps(config.solver_starts, config.solver_screen, config.solver_iterations,
-                           config.solver_projection)
+  steps = coordinate.Steps(config.solver_starts, config.solver_screen or config.solver_iterations,
+                           config.solver_iterations, config.solver_projection)
   theta_DxP, share = coordinate.solve(
       point.key_Mx2, rows_T, weight_T, targets_TxD, data.values_NxKxC, data.object_ids_NxK,
       data.num_unique, model, steps, config.solver_ridge)

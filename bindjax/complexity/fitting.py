@@ -85,8 +85,8 @@ class FitConfig:
   solver_starts: int = 8        # coordinate solver: starts per coordinate, the cheapest kept
   solver_iterations: int = 30   # coordinate solver: Levenberg–Marquardt steps of the kept start
   # coordinate solver: steps every start takes before only the cheapest goes on (docs/
-  # complexity.md, "The coordinate solver"); solver_iterations: every start runs to the end.
-  solver_screen: int = 30
+  # complexity.md, "The coordinate solver"); 0: every start runs to the end.
+  solver_screen: int = 0
   # coordinate solver: step the product tables alone, the intercept and sum tables solved
   # exactly at each step (variable projection; docs/complexity.md, "The coordinate solver").
   solver_projection: bool = False
@@ -130,9 +130,9 @@ class FitConfig:
                        f"{self.solver_iterations}: expected positive integers")
     if not isinstance(self.solver_projection, bool):
       raise ValueError(f"solver_projection={self.solver_projection!r}: expected True or False")
-    if not 1 <= self.solver_screen <= self.solver_iterations:
-      raise ValueError(f"solver_screen={self.solver_screen}: expected an integer from 1 to "
-                       f"solver_iterations={self.solver_iterations}")
+    if not 0 <= self.solver_screen <= self.solver_iterations:
+      raise ValueError(f"solver_screen={self.solver_screen}: expected an integer from 0 (no "
+                       f"screening) to solver_iterations={self.solver_iterations}")
     if self.weight_decay != "auto" and not (isinstance(self.weight_decay, (int, float))
                                             and self.weight_decay >= 0):
       raise ValueError(f"weight_decay={self.weight_decay!r}: expected 'auto' or a number ≥ 0")
