@@ -98,15 +98,43 @@ def _pair(w):
   return jnp.stack([w.sum(-1, dtype=jnp.uint32), (w * position).sum(-1, dtype=jnp.uint32)], -1)
 
 
-@jax.jit
-def _sums(leaves):
-  return jnp.stack([_pair(_words(x)) for x in leaves]) if leaves else jnp.zeros((0, 2), jnp.uint32)
+def _view_shape(x):
+  """[rows, words per row] of an array's `_words` (a scalar is one row)."""
+  rows = x.shape[0] if x.ndim else 1
+  # A word per element, two for 64-bit types; a PRNG key's itemsize is that of its key data.
+  words = max(1, x.dtype.itemsize // 4)
+  return rows, (x.size // rows if rows else 0) * words
 
 
+def _groups(leaves):
+  """Leaf indices grouped by `_view_shape`, groups in order of first appearance."""
+  groups = {}
+  for i, x in enumerate(leaves):
+    groups.setdefault(_view_shape(x), []).append(i)
+  return list(groups.values())
+
+
+# One program per tree, as one reduction per distinct leaf shape: leaves of one shape (a layer's
+# kernel in every layer and optimiser copy) are stacked and summed together, so the program's
+# compile barely grows with depth, where one reduction per leaf made it grow with every layer.
+# Stacking along a new axis keeps each leaf's row sharding: no rows move between devices.
 @jax.jit
-def _row_sums(leaves):
+def _row_pairs(leaves):
+  """[[n, rows, 2] per group of `_groups`]: the `_pair` of every row of every leaf."""
   # The words of one row are contiguous (row-major), whatever their dtype's width.
-  return [_pair(_words(x).reshape(x.shape[0], -1 if x.size else 0)) for x in leaves]
+  return [_pair(jnp.stack([_words(leaves[i]).reshape(_view_shape(leaves[i]))
+                           for i in group]))
+          for group in _groups(leaves)]
+
+
+def _whole(pairs_Rx2, words_per_row):
+  """The `_pair` of a whole array from those of its rows: word p = r·n + j of row r weighs
+  2p + 1 = (2j + 1) + 2·r·n, so the weighted sum is Σ_r (weighted_r + 2·r·n·sum_r), mod 2³²."""
+  pairs = pairs_Rx2.astype(np.uint64)
+  offset = 2 * np.arange(len(pairs), dtype=np.uint64) * np.uint64(words_per_row)
+  total = pairs[:, 0].sum() % 2**32
+  weighted = (pairs[:, 1] + (offset % 2**32) * pairs[:, 0] % 2**32).sum() % 2**32
+  return [int(total), int(weighted)]
 
 
 def _arrays(tree):
@@ -115,23 +143,31 @@ def _arrays(tree):
           for path, x in jax.tree_util.tree_flatten_with_path(tree)[0] if x is not SKIP]
 
 
-def tree_checksums(tree):
-  """{leaf path: [sum of words, position-weighted sum of words]} (uint32 sums) of a pytree.
-
-  One jitted pass on the devices; only the sums come to the host, so checkpoints of sharded,
-  multi-host states are checked without gathering them. SKIP leaves are left out.
-  """
+def _checksums(tree):
+  """({leaf path: its pair}, {leaf path of rank >= 1: the pair of each row}) of a pytree, from
+  one jitted pass on the devices; only the sums come to the host, so checkpoints of sharded,
+  multi-host states are checked without gathering them. SKIP leaves are left out."""
   flat = _arrays(tree)
-  sums = parallel.to_host(_sums([x for _, x in flat])).tolist()
-  return {path: s for (path, _), s in zip(flat, sums)}
+  leaves = [x for _, x in flat]
+  per_leaf = [None] * len(flat)
+  for group, pairs_NxRx2 in zip(_groups(leaves), parallel.to_host(_row_pairs(leaves))):
+    for i, pairs_Rx2 in zip(group, pairs_NxRx2):
+      per_leaf[i] = pairs_Rx2
+  arrays = {path: _whole(pairs, _view_shape(x)[1]) for (path, x), pairs in zip(flat, per_leaf)}
+  rows = {path: pairs.tolist() for (path, x), pairs in zip(flat, per_leaf) if x.ndim}
+  return arrays, rows
+
+
+def tree_checksums(tree):
+  """{leaf path: [sum of words, position-weighted sum of words]} (uint32 sums) of a pytree
+  (`_checksums`)."""
+  return _checksums(tree)[0]
 
 
 def row_checksums(tree):
   """{leaf path: [the `tree_checksums` pair of each row along axis 0]} of a pytree's leaves of
   rank >= 1: row r's pair is the checksum of the array x[r]."""
-  flat = [(path, x) for path, x in _arrays(tree) if x.ndim]
-  sums = parallel.to_host(_row_sums([x for _, x in flat]))
-  return {path: s.tolist() for (path, _), s in zip(flat, sums)}
+  return _checksums(tree)[1]
 
 
 def _names(path):
@@ -213,7 +249,8 @@ class Checkpoints:
     """Saves `state` (and JSON `metadata`) as checkpoint `step`, with their checksums; every
     array in chunks of one row along its leading axis."""
     metadata = dict(metadata or {})
-    metadata[CHECKSUM_KEY] = {"arrays": tree_checksums(state), "rows": row_checksums(state),
+    arrays, rows = _checksums(state)
+    metadata[CHECKSUM_KEY] = {"arrays": arrays, "rows": rows,
                               "metadata": _metadata_digest(metadata)}
     # Chunks of one row: `restore_row` then reads none of the other rows' chunks.
     save_args = jax.tree.map(lambda x: ocp.SaveArgs(shard_axes=(0,) if np.ndim(x) else ()), state)
