@@ -164,10 +164,13 @@ def main():
   parser.add_argument("--solver_ridge", default=NEW.solver_ridge, type=float,
                       help="the new default's coordinate-solver ridge (FitConfig.solver_ridge)")
   parser.add_argument("--solver_starts", default=NEW.solver_starts, type=int)
-  parser.add_argument("--solver_iterations", default=NEW.solver_iterations, type=int)
+  parser.add_argument("--solver_iterations", default=NEW.solver_iterations, type=int,
+                      help="FitConfig.solver_iterations (0: the family's value)")
   parser.add_argument("--solver_screen", default=NEW.solver_screen, type=int)
-  parser.add_argument("--solver_projection", action="store_true",
-                      help="the new default with FitConfig.solver_projection=True")
+  parser.add_argument("--solver_projection", default=NEW.solver_projection, nargs="?",
+                      const="true", choices=("auto", "true", "false"),
+                      help="FitConfig.solver_projection (auto: the family's value; the flag "
+                           "alone: true)")
   parser.add_argument("--name", default="", help="suffix of the result files")
   args = parser.parse_args()
   start_load = os.getloadavg()
