@@ -1,1 +1,2 @@
-"""A sweep's workdir: lock, checks, result rows and schema, writer, checkpoints."""
+"""A sweep's workdir: lock, checks, result rows and schema, writer, checkpoints and their
+checksums."""
