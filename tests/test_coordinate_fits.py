@@ -1,6 +1,10 @@
 """The coordinate solver, the default fit of the additive and product families
 (docs/complexity.md, "The coordinate solver" and "Identifiability")."""
 import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -175,3 +179,31 @@ def test_batched_fits_with_own_targets_equal_separate_fits():
                 "final_train_only_r2"):
       np.testing.assert_allclose(together[i][key], alone[key], rtol=1e-3, atol=1e-4,
                                  err_msg=f"set {i} {key}")
+
+
+def fit_many_objects(seeds=3):
+  """Variable-projection fits of `per_object_product` on its own form at V = 20, D = 16."""
+  values = (20, 20)
+  model, objects, ids, targets = own_form("per_object_product", values, 16, DRAW + 1)
+  data, probes = make_data(values, objects, ids, targets)
+  rows, infos = fit(model, data, probes, fraction=0.5, seeds=range(SEEDS[0], SEEDS[0] + seeds))
+  assert infos[0]["solver_projection"]
+  return rows
+
+
+@pytest.mark.slow
+def test_projected_fits_of_many_objects_finish():
+  """jaxlib 0.10's CPU LAPACK kernels block a thread of XLA's pool while their batch runs on the
+  same pool, so two of them at once deadlock a 2-thread pool. The projection's one solve,
+  independent of the starts' SVDs and steps, did that: this fit hung on 2 cores every time.
+  Run in a child process, so that a deadlock fails the test instead of stalling the suite."""
+  code = textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+      import test_coordinate_fits
+      rows = test_coordinate_fits.fit_many_objects()
+      print(min(r["final_train_only_r2"] for r in rows))
+  """)
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert float(done.stdout.split()[-1]) >= 0.99

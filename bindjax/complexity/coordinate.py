@@ -13,6 +13,7 @@ lowest training cost of each coordinate is kept. Every function here is pure and
 over coordinates, starts and models.
 """
 import dataclasses
+import functools
 import typing
 
 import jax
@@ -123,18 +124,28 @@ def _levenberg_marquardt(theta_P, slots_TxS, y_T, weight_T, model, iterations, r
   return theta, final
 
 
-def _projected_levenberg_marquardt(theta_P, slots_TxS, y_T, weight_T, model, iterations,
-                                   ridge):
-  """`_levenberg_marquardt` by variable projection: θ = [l, b] with l = [c, a] entering the
-  predictions linearly, so for any product tables b the best l is one least-squares solve
-  l(b) = M (y − m(b)), M = (AᵀWA + ridge·I)⁻¹AᵀW, whose design A (the one-hot value codes) every
-  start and coordinate shares. The damped Gauss–Newton steps run on b alone, on the cost
-  with l(b) put in (Golub and Pereyra's reduced problem); (θ = [l(b), b], final cost)."""
-  ridge = _ridge(weight_T, model, ridge)
+def _projection(slots_TxS, weight_T, model, ridge):
+  """(A, M) of variable projection: A [T, L] the columns of θ's linear part l = [c, a] (the
+  one-hot value codes), M = (AᵀWA + ridge·I)⁻¹AᵀW [L, T], so that l(b) = M (y − m(b))."""
+  theta_P = jnp.zeros(num_parameters(model), jnp.float32)
   size_l = 1 + (theta_P.shape[0] - 1) // 2
-  a_TxL = _rows(jnp.zeros_like(theta_P), slots_TxS, model)[1][:, :size_l]
+  a_TxL = _rows(theta_P, slots_TxS, model)[1][:, :size_l]
+  ridge = _ridge(weight_T, model, ridge)
   m_LxT = jnp.linalg.solve(a_TxL.T @ (weight_T[:, None] * a_TxL) + ridge * jnp.eye(size_l),
                            a_TxL.T * weight_T)
+  return a_TxL, m_LxT
+
+
+def _projected_levenberg_marquardt(theta_P, slots_TxS, y_T, weight_T, model, iterations,
+                                   ridge, projection):
+  """`_levenberg_marquardt` by variable projection: θ = [l, b] with l = [c, a] entering the
+  predictions linearly, so for any product tables b the best l is one least-squares solve
+  l(b) = M (y − m(b)) (`projection` = (A, M) of `_projection`, which every start and
+  coordinate shares). The damped Gauss–Newton steps run on b alone, on the cost with l(b) put
+  in (Golub and Pereyra's reduced problem); (θ = [l(b), b], final cost)."""
+  ridge = _ridge(weight_T, model, ridge)
+  a_TxL, m_LxT = projection
+  size_l = a_TxL.shape[1]
 
   def parts(b_B):
     """(l, residuals, ∂m/∂b, cost) at product tables b."""
@@ -200,7 +211,16 @@ def _best_of_starts(key, slots_TxS, y_T, weight_T, model, steps, ridge):
   theta_RxP = jax.vmap(lambda k: _init_theta(k, model))(jax.random.split(key, steps.starts))
   if model.num_slots == 2 and LAYOUT[model.family][2]:
     theta_RxP = theta_RxP.at[0].set(_completion_start(slots_TxS, y_T, weight_T, model))
-  fit = _projected_levenberg_marquardt if steps.projection else _levenberg_marquardt
+  fit = _levenberg_marquardt
+  if steps.projection:
+    # The projection is solved after the starts (and, through y, the object tables) and before
+    # any step: jaxlib 0.10's CPU LAPACK kernels block a thread of XLA's pool while their batch
+    # runs on the same pool, so LAPACK calls that XLA may run at once (this solve is otherwise
+    # independent of them) deadlock a pool no larger than their number.
+    theta_RxP, y_T, slots_TxS, weight_T = jax.lax.optimization_barrier(
+        (theta_RxP, y_T, slots_TxS, weight_T))
+    fit = functools.partial(_projected_levenberg_marquardt,
+                            projection=_projection(slots_TxS, weight_T, model, ridge))
   theta_RxP, cost_R = jax.vmap(lambda t: fit(
       t, slots_TxS, y_T, weight_T, model, steps.screen, ridge))(theta_RxP)
   best = jnp.argmin(jnp.where(jnp.isfinite(cost_R), cost_R, jnp.inf))
