@@ -131,9 +131,30 @@ def _projection(slots_TxS, weight_T, model, ridge):
   size_l = 1 + (theta_P.shape[0] - 1) // 2
   a_TxL = _rows(theta_P, slots_TxS, model)[1][:, :size_l]
   ridge = _ridge(weight_T, model, ridge)
-  m_LxT = jnp.linalg.solve(a_TxL.T @ (weight_T[:, None] * a_TxL) + ridge * jnp.eye(size_l),
-                           a_TxL.T * weight_T)
+  m_LxT = _positive_definite_solve(
+      a_TxL.T @ (weight_T[:, None] * a_TxL) + ridge * jnp.eye(size_l), a_TxL.T * weight_T)
   return a_TxL, m_LxT
+
+
+def _positive_definite_solve(h_NxN, rhs_NxK):
+  """h⁻¹ rhs for a symmetric positive definite h: Cholesky factor and two substitutions as
+  loops of plain ops. Not LAPACK: jaxlib 0.10's CPU LAPACK kernels block a thread of XLA's pool
+  while their batch runs on the same pool, and XLA:CPU runs ops that do not wait on each other
+  at once, so two LAPACK calls together deadlock a 2-thread pool. The projection's solve waits
+  on nothing but the training scenes, so it would run beside the starts' SVDs."""
+  n = h_NxN.shape[0]
+  index = jnp.arange(n)
+
+  def factor(j, low_NxN):
+    column = h_NxN[:, j] - low_NxN @ low_NxN[j]
+    return low_NxN.at[:, j].set(jnp.where(index >= j, column / jnp.sqrt(column[j]), 0.0))
+
+  low_NxN = jax.lax.fori_loop(0, n, factor, jnp.zeros_like(h_NxN))
+  forward = lambda i, y: y.at[i].set((rhs_NxK[i] - low_NxN[i] @ y) / low_NxN[i, i])
+  y_NxK = jax.lax.fori_loop(0, n, forward, jnp.zeros_like(rhs_NxK))
+  backward = lambda k, x: x.at[n - 1 - k].set(
+      (y_NxK[n - 1 - k] - low_NxN[:, n - 1 - k] @ x) / low_NxN[n - 1 - k, n - 1 - k])
+  return jax.lax.fori_loop(0, n, backward, jnp.zeros_like(rhs_NxK))
 
 
 def _projected_levenberg_marquardt(theta_P, slots_TxS, y_T, weight_T, model, iterations,
@@ -213,12 +234,6 @@ def _best_of_starts(key, slots_TxS, y_T, weight_T, model, steps, ridge):
     theta_RxP = theta_RxP.at[0].set(_completion_start(slots_TxS, y_T, weight_T, model))
   fit = _levenberg_marquardt
   if steps.projection:
-    # The projection is solved after the starts (and, through y, the object tables) and before
-    # any step: jaxlib 0.10's CPU LAPACK kernels block a thread of XLA's pool while their batch
-    # runs on the same pool, so LAPACK calls that XLA may run at once (this solve is otherwise
-    # independent of them) deadlock a pool no larger than their number.
-    theta_RxP, y_T, slots_TxS, weight_T = jax.lax.optimization_barrier(
-        (theta_RxP, y_T, slots_TxS, weight_T))
     fit = functools.partial(_projected_levenberg_marquardt,
                             projection=_projection(slots_TxS, weight_T, model, ridge))
   theta_RxP, cost_R = jax.vmap(lambda t: fit(
