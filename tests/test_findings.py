@@ -3,6 +3,7 @@ and the committed rows, summaries and binding tables carry every field the code 
 import csv
 import glob
 import os
+import re
 
 import pytest
 
@@ -31,6 +32,19 @@ def test_findings_folder_redraws_its_table(folder, tmp_path):
   report.make_report(folder, out_dir=str(tmp_path), formats=("png",))
   with open(tmp_path / "critical_coverage.md") as f:
     assert f.read() == committed
+
+
+EARLIER = sorted(glob.glob(os.path.join(REPO, "docs", "findings", "**",
+                                     "critical_coverage_step*.md"), recursive=True))
+
+
+@pytest.mark.parametrize("path", EARLIER, ids=lambda p: os.path.relpath(p, REPO))
+def test_an_earlier_steps_table_redraws(path, tmp_path):
+  # critical_coverage_stepN.md: the folder's report as it stood at step N (`--step=N`).
+  step = int(re.fullmatch(r"critical_coverage_step(\d+)\.md", os.path.basename(path)).group(1))
+  report.make_report(os.path.dirname(path), step=step, out_dir=str(tmp_path), formats=("png",))
+  with open(path) as f:
+    assert (tmp_path / "critical_coverage.md").read_text() == f.read()
 
 
 REPORTS = sorted(os.path.dirname(p) for p in glob.glob(

@@ -125,6 +125,43 @@ def test_select_best_and_final():
     results.select_evaluations(rows, "last")
 
 
+def test_select_at_a_step_reads_the_sweep_as_it_stood():
+  """An integer step takes each replica's last evaluation at or before it; a divergence after
+  it is not counted, one before it is; a replica first evaluated after it is an error naming it."""
+  rows = _rows(planted={(2, 20): 0.5}, seeds=(0,), steps=(100, 200, 300))
+  rows.append({"kind": "diverged", "replica": 1, "step": 250, "diverged": True,
+               "diverged_step": 250})
+  assert results.parse_step("250") == 250 and results.parse_step("final") == "final"
+  for step, expected in ((100, 100), (199, 100), (200, 200), (10_000, 300)):
+    chosen = results.select_evaluations(rows, str(step))
+    assert [r["replica"] for r in chosen] == list(range(len(COVERAGES)))
+    assert {r["step"] for r in chosen if r["replica"] != 1} == {expected}
+    assert chosen[1]["diverged"] == (step >= 250), step
+  with pytest.raises(ValueError, match="step=99: replica 0 has no evaluation.*step 100"):
+    results.select_evaluations(rows, 99)
+  for bad in ("-1", "1e3", "last"):
+    with pytest.raises(ValueError, match="expected one of"):
+      results.parse_step(bad)
+
+
+def test_report_at_a_step_equals_the_report_of_rows_cut_there(tmp_path, capsys):
+  """`--step=N` gives the ρ* table of results.jsonl filtered to steps <= N, and says which step
+  it read; a --step that is neither a choice nor a number is a usage error."""
+  rows = _rows(planted={(2, 20): 0.5, (2, 50): 0.32}, seeds=(0, 1, 2))
+  _write(str(tmp_path / "all"), rows)
+  _write(str(tmp_path / "cut"), [r for r in rows if r["step"] <= 150])
+  tables = []
+  for name, step in (("all", "150"), ("cut", "final")):
+    out = tmp_path / f"out_{name}"
+    assert report_command.main(["bindjax report", f"--workdir={tmp_path / name}", f"--out={out}",
+                                "--draws=20", f"--step={step}"]) == 0
+    tables.append(json.loads((out / "critical_coverage.json").read_text())["critical_coverage"])
+  assert tables[0] == tables[1]
+  assert "step ≤ 150" in capsys.readouterr().out
+  assert "at or before step 150" in (tmp_path / "out_all" / "critical_coverage.md").read_text()
+  assert abs(tables[0][0]["rho_star"] - 0.5) > 0.01  # the early rows differ from the final ones
+
+
 def test_report_recovers_planted_rho_star(tmp_path, capsys):
   workdir = str(tmp_path / "sweep")
   rows = _rows()

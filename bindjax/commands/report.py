@@ -1,8 +1,9 @@
-"""`bindjax report --workdir=DIR [--step=final|best] [--metric=accuracy|binding] [--out=OUT]`.
+"""`bindjax report --workdir=DIR [--step=final|best|N] [--metric=accuracy|binding] [--out=OUT]`.
 
 The phase-transition figure and ρ* table of a sweep (docs/training.md, "Critical coverage and
 its interval"): one evaluation per replica (by default the last; "best", the step of highest
-held-out accuracy, is chosen on the held-out objects and so optimistic), a logistic fit of
+held-out accuracy, is chosen on the held-out objects and so optimistic; a number N, the last at
+or before step N, reads the sweep as it stood then), a logistic fit of
 held-out accuracy against coverage per seed and series, ρ* as the mean over seeds with a
 Student t interval, and a scaling law over sizes. Writes OUT (default DIR/report):
 phase_transition.png/.pdf, scaling_law.png/.pdf (two or more sizes), critical_coverage.md/.json,
@@ -25,9 +26,10 @@ def main(argv):
   """Writes DIR/report/{phase_transition.png,.pdf, critical_coverage.md,.json}; returns 0."""
   fv = bj_flags.new_flag_values(with_config=False, workdir_help="the `bindjax sweep` workdir to "
                                 "report (A,B,... reports several together)")
-  flags.DEFINE_enum("step", results.DEFAULT_STEP, list(results.STEPS),
-                    "which evaluation per replica: the last, or the best held-out object "
-                    "accuracy (selected on held-out objects: optimistic)", flag_values=fv)
+  flags.DEFINE_string("step", results.DEFAULT_STEP,
+                      "which evaluation per replica: final (the last), best (the best held-out "
+                      "object accuracy, selected on held-out objects: optimistic), or a step "
+                      "number N (the last at or before step N)", flag_values=fv)
   flags.DEFINE_integer("draws", 1000, "refits behind the scaling law's intervals",
                        flag_values=fv)
   flags.DEFINE_enum("metric", "accuracy", sorted(report.RHO_METRICS),
@@ -46,16 +48,21 @@ def main(argv):
   if fv["draws"].value < 1:
     raise bj_flags.UsageError(f"{prog}: --draws={fv['draws'].value}: expected >= 1")
   predict_at = _sizes(prog, fv["predict"].value)
+  try:
+    step = results.parse_step(fv["step"].value)
+  except ValueError:
+    raise bj_flags.UsageError(f"{prog}: --step={fv['step'].value}: expected final, best or a step "
+                              "number (an integer >= 0)") from None
   bj_flags.check_output_dir(prog, "out", out, fv["overwrite"].value)
   with bj_flags.input_errors(prog):
-    summary = report.make_report(workdirs, step=fv["step"].value,
+    summary = report.make_report(workdirs, step=step,
                                  num_draws=fv["draws"].value, out_dir=out,
                                  metric=fv["metric"].value, predict_at=predict_at)
   for row in summary["critical_coverage"]:
     rho = "–" if row["rho_star"] is None else f"{row['rho_star']:.3f}"
     interval = "" if not row["interval"] else " [{:.3f}, {:.3f}]".format(*row["interval"])
     print(f"{row['label']}: rho* = {rho}{interval} ({row['status']}, {row['num_seeds']} seeds, "
-          f"{summary['step']} step)")
+          f"{results.step_name(summary['step'])})")
   if summary["scaling_law"]:
     law = summary["scaling_law"][summary["scaling_law"]["best"]]
     print(f"scaling law: {law['formula']}, a={law['a']:.4g}, b={law['b']:.4g}, R2={law['r2']:.3f}")

@@ -142,6 +142,11 @@ def _varying_keys(keys):
 
 STEP_WORDS = {"final": "final step, no selection on held-out objects",
               "best": "best step, chosen on held-out objects themselves (optimistic)"}
+
+
+def _step_words(step):
+  return (STEP_WORDS.get(step) or
+          f"the last evaluation at or before step {step:,}, no selection on held-out objects")
 STATUS_WORDS = {"fit": "fit", "above": "above 0.5 at every coverage",
                 "below": "never reaches 0.5", "too_few": "fewer than 2 coverages"}
 # Per-coverage columns of the Markdown table: (metric, header).
@@ -247,7 +252,7 @@ def markdown_table(table, laws, step, metric="accuracy", series=()):
           "binding": "held-out binding figure on two-object scenes"}[metric]
   ks = sorted({row[results.MAX_OBJECTS] for row in table})
   name = RHO_METRICS[metric].replace(results.ROW_K, "/".join(map(str, ks)))
-  lines = [f"# Critical coverage ρ* ({STEP_WORDS[step]}; {what} (`{name}`), "
+  lines = [f"# Critical coverage ρ* ({_step_words(step)}; {what} (`{name}`), "
            f"crossing {statistics.THRESHOLD})", ""]
   lines += _rho_rows(table) + [""] + _law_lines(laws) + [""]
   if series:
@@ -305,7 +310,7 @@ def describe(workdirs, series, step):
   parts = list(spaces) + [" / ".join(towers)] if towers else list(spaces)
   if steps:
     parts.append(", ".join(f"{n:,}" for n in sorted(steps)) + " steps")
-  return "; ".join(parts + [f"{step} step"])
+  return "; ".join(parts + [results.step_name(step)])
 
 
 def _scaling_laws(table, num_draws, predict_at):
@@ -325,8 +330,8 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   """Writes figures, ρ* table and scaling law for one sweep or several; returns the summary.
 
   workdir: a sweep's workdir, or a list of them (for example one sweep per object-space size),
-  whose replicas are reported together; out_dir is then required. step: "final" (default) or
-  "best" (results.select_evaluations). num_draws: refits behind the scaling law's intervals.
+  whose replicas are reported together; out_dir is then required. step: "final" (default),
+  "best", or a step number N (results.select_evaluations). num_draws: refits behind the scaling law's intervals.
   metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (RHO_METRICS).
   predict_at: (|O|, C) pairs at which each scaling law's ρ* is predicted, with its range over
   the refits (`statistics.scaling_law_intervals`).
@@ -343,6 +348,7 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   rho_metric = RHO_METRICS[metric]
   from bindjax.reporting.plots import phase_transition  # matplotlib only when drawing
 
+  step = results.parse_step(step)
   selected = _rows_of_sweeps(workdirs, step)
   # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
   finished = all(layout.Workdir(w).is_finished() for w in workdirs)

@@ -179,16 +179,32 @@ def _nan_low(x):
   return -math.inf if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
+def parse_step(text):
+  """A step choice from its text: "best", "final", or an integer N >= 0 (each replica's last
+  evaluation at or before step N, to read a sweep as it stood earlier); ValueError otherwise."""
+  if text in STEPS:
+    return text
+  if (isinstance(text, int) and text >= 0) or (isinstance(text, str) and text.strip().isdigit()):
+    return int(text)
+  raise ValueError(f"step={text!r}: expected one of {STEPS} or a step number (an integer >= 0)")
+
+
+def step_name(step):
+  """"final step", "best step", or "step ≤ 11,250" for a step number (`parse_step`)."""
+  return f"step ≤ {step:,}" if isinstance(step, int) else f"{step} step"
+
+
 def select_evaluations(rows, step="best"):
-  """One evaluation row per replica, in replica order: its last, or its best by SELECTION_METRIC.
+  """One evaluation row per replica, in replica order: its last, its best by SELECTION_METRIC,
+  or (step an integer N) its last at or before step N.
 
   A replica flagged as diverged keeps its rows up to divergence; the chosen row's "diverged" says
-  whether it diverged. One that diverged before its first evaluation is represented by its
-  "diverged" row (no evaluation metrics), so it is counted, not dropped. Ties in "best" go to
-  the earlier step.
+  whether it diverged (by step N, for an integer). One that diverged before its first evaluation
+  is represented by its "diverged" row (no evaluation metrics), so it is counted, not dropped.
+  Ties in "best" go to the earlier step. A replica with no evaluation at or before step N is a
+  ValueError naming it and its first evaluated step, so that no replica is silently left out.
   """
-  if step not in STEPS:
-    raise ValueError(f"step={step!r}: expected one of {STEPS}")
+  step = parse_step(step)
   by_replica = collections.defaultdict(list)
   diverged = {}
   for row in rows:
@@ -196,17 +212,33 @@ def select_evaluations(rows, step="best"):
       diverged[row[REPLICA]] = row
     if row.get(KIND) == "eval":
       by_replica[row[REPLICA]].append(row)
+  if isinstance(step, int):
+    _check_evaluated_by(step, by_replica, diverged)
+    diverged = {i: r for i, r in diverged.items() if r[DIVERGED_STEP] <= step}
+    by_replica = {i: kept for i, evals in by_replica.items()
+                  if (kept := [r for r in evals if r[STEP] <= step])}
   for replica, row in diverged.items():
     by_replica.setdefault(replica, [row])
   chosen = []
   for replica, evals in sorted(by_replica.items()):
     evals = sorted(evals, key=lambda r: r[STEP])
-    if step == "final":
-      row = evals[-1]
-    else:
+    if step == "best":
       row = max(evals, key=lambda r: (_nan_low(r.get(SELECTION_METRIC)), -r[STEP]))
+    else:
+      row = evals[-1]
     chosen.append({**row, DIVERGED: replica in diverged})
   return chosen
+
+
+def _check_evaluated_by(step, evals_by_replica, diverged):
+  """ValueError naming the first replica with neither an evaluation nor a divergence at or
+  before `step`, and where its first one is."""
+  for replica in sorted(set(evals_by_replica) | set(diverged)):
+    firsts = [r[STEP] for r in evals_by_replica.get(replica, ())]
+    firsts += [diverged[replica][DIVERGED_STEP]] if replica in diverged else []
+    if min(firsts) > step:
+      raise ValueError(f"step={step}: replica {replica} has no evaluation at or before it "
+                       f"(its first is at step {min(firsts)})")
 
 
 def diverged_steps(rows):

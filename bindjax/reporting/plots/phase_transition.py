@@ -87,7 +87,8 @@ def plot(series, critical, path_stem, step="final", formats=("png", "pdf"),
     ax.axhline(0.5, color="0.55", linewidth=0.7, zorder=0, linestyle=":")
     ax.grid(alpha=0.3)
   for ax in grid[:, 0]:
-    ax.set_ylabel(f"score at the {step} step")
+    ax.set_ylabel(f"score at {'' if isinstance(step, int) else 'the '}"
+                  f"{results.step_name(step)}")
   grey = "0.35"
   handles += [
       mpatches.Patch(color=grey, alpha=0.25, label="band: mean ± 1 s.d. over seeds"),
