@@ -7,6 +7,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_c3 --workdir=runs/cpu_c3
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_196 --workdir=runs/cpu_196
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_256_c4 --workdir=runs/cpu_256_c4
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_256_c2 --workdir=runs/cpu_256_c2
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64 --workdir=runs/cpu_plain_64
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_36 --workdir=runs/cpu_plain_36
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_law --workdir=runs/cpu_plain_law
@@ -34,6 +35,8 @@ Presets (the ARG after the colon):
   cpu_256_c4 the same model and cpu_196's grid and steps at |O| = 256 with four concepts (C = 4,
              V = 4), where the size laws and the law with a term in C predict apart
              (docs/findings/scaling_law.md, "Predictions for |O| = 256").
+  cpu_256_c2 cpu_256_c4 with two concepts (C = 2, V = 16): the same |O|, model, grid, seeds and
+             steps, so that the pair measures the effect of C at fixed |O|.
   cpu_plain_64
              plain towers (the cpu towers without the product read-out) at |O| = 64 (C = 2,
              V = 8), coverage 0.3–0.9 (4 points) × 2 seeds × weight decay 0, 0.01 and 0.03, lr
@@ -114,12 +117,12 @@ COVERAGES_0_1_TO_0_9 = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 GPU_QUICK_STEPS = 15000
 # The CPU scaling-law presets: one object space each, the same model and seeds.
 CPU_SPACES = {"cpu": (2, 10), "cpu_144": (2, 12), "cpu_c3": (3, 5), "cpu_196": (2, 14),
-              "cpu_256_c4": (4, 4)}
+              "cpu_256_c4": (4, 4), "cpu_256_c2": (2, 16)}
 # Training steps grow with the number of training objects (about as n^1.3 to fit them); at
 # |O| = 196, 3.5 times the product read-out's learning-time law (193·|O|^0.58 steps), the
 # multiple |O| = 144 had.
 CPU_STEPS = {"cpu": 10000, "cpu_144": 12000, "cpu_c3": 10000, "cpu_196": 15000,
-             "cpu_256_c4": 15000}
+             "cpu_256_c4": 15000, "cpu_256_c2": 15000}
 CPU_COVERAGES = (0.3, 0.5, 0.7, 0.8, 0.9)
 # The law fitted on |O| = 100, 125 and 144 puts ρ*(196) near 0.5, where this grid's 0.8 would
 # say little and a point below 0.3 is needed to see the curve start.
@@ -170,8 +173,8 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=20, keep=2)
   elif arg in CPU_SPACES:
     c.grid.spaces = (CPU_SPACES[arg],)
-    c.grid.coverages = (CPU_196_COVERAGES if arg in ("cpu_196", "cpu_256_c4")
-                        else CPU_COVERAGES)
+    c.grid.coverages = (CPU_COVERAGES if arg in ("cpu", "cpu_144", "cpu_c3")
+                        else CPU_196_COVERAGES)
     c.grid.seeds = (0, 1, 2, 3)
     _use_cpu_towers(c, product_readout="both")
     c.optimizer.learning_rate = 1e-3
@@ -232,10 +235,9 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=2000, keep=2)
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
-                     "cpu_144, cpu_c3, cpu_196, cpu_256_c4, cpu_plain_64, cpu_plain_36, cpu_plain_law, "
-                     "cpu_product_64, cpu_plain_64_wd03, cpu_plain_64_wd03_low, cpu_plain_49_wd03, "
-                     "cpu_plain_64_wd03_60, cpu_product_64_wd03, "
-                     "cpu_plain_36_wd03, gpu_plain_400, "
-                     "gpu_quick, paper or "
-                     "paper_20m")
+                     "cpu_144, cpu_c3, cpu_196, cpu_256_c4, cpu_256_c2, cpu_plain_64, "
+                     "cpu_plain_36, cpu_plain_law, cpu_product_64, cpu_plain_64_wd03, "
+                     "cpu_plain_64_wd03_low, cpu_plain_49_wd03, cpu_plain_64_wd03_60, "
+                     "cpu_product_64_wd03, cpu_plain_36_wd03, gpu_plain_400, gpu_quick, paper "
+                     "or paper_20m")
   return c
