@@ -8,6 +8,8 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_196 --workdir=runs/cpu_196
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_256_c4 --workdir=runs/cpu_256_c4
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_256_c2 --workdir=runs/cpu_256_c2
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_095 --workdir=runs/cpu_095
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_144_095 --workdir=runs/cpu_144_095
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64 --workdir=runs/cpu_plain_64
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_36 --workdir=runs/cpu_plain_36
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_law --workdir=runs/cpu_plain_law
@@ -37,6 +39,10 @@ Presets (the ARG after the colon):
              (docs/findings/scaling_law.md, "Predictions for |O| = 256").
   cpu_256_c2 cpu_256_c4 with two concepts (C = 2, V = 16): the same |O|, model, grid, seeds and
              steps, so that the pair measures the effect of C at fixed |O|.
+  cpu_095, cpu_144_095
+             cpu and cpu_144 at coverage 0.95 alone (4 replicas each): the point above their
+             grids that the transition test's upper half asks for, where a seed of each stays
+             below 0.8 at coverage 0.9 with ρ* unchanged over the last quarter of the run.
   cpu_plain_64
              plain towers (the cpu towers without the product read-out) at |O| = 64 (C = 2,
              V = 8), coverage 0.3–0.9 (4 points) × 2 seeds × weight decay 0, 0.01 and 0.03, lr
@@ -127,6 +133,8 @@ CPU_COVERAGES = (0.3, 0.5, 0.7, 0.8, 0.9)
 # The law fitted on |O| = 100, 125 and 144 puts ρ*(196) near 0.5, where this grid's 0.8 would
 # say little and a point below 0.3 is needed to see the curve start.
 CPU_196_COVERAGES = (0.2, 0.3, 0.5, 0.7, 0.9)
+# Presets that add coverage 0.95 to a CPU scaling-law preset's grid, run as their own sweep.
+TOP_COVERAGE_PRESETS = {"cpu_095": "cpu", "cpu_144_095": "cpu_144"}
 # Twelve coverages of |O| = 36 with distinct training-object counts (9 to 32).
 PLAIN_36_COVERAGES = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9)
 # Twelve coverages of |O| = 64 with distinct training-object counts (12 to 57), half of them
@@ -179,6 +187,9 @@ def get_config(arg="smoke"):
     _use_cpu_towers(c, product_readout="both")
     c.optimizer.learning_rate = 1e-3
     c.num_steps = CPU_STEPS[arg]
+  elif arg in TOP_COVERAGE_PRESETS:
+    c = get_config(TOP_COVERAGE_PRESETS[arg])
+    c.grid.coverages = (0.95,)
   elif arg == "cpu_plain_64":
     c.grid.spaces = ((2, 8),)
     c.grid.coverages = (0.3, 0.5, 0.7, 0.9)
@@ -235,7 +246,8 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=2000, keep=2)
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
-                     "cpu_144, cpu_c3, cpu_196, cpu_256_c4, cpu_256_c2, cpu_plain_64, "
+                     "cpu_144, cpu_c3, cpu_196, cpu_256_c4, cpu_256_c2, cpu_095, cpu_144_095, "
+                     "cpu_plain_64, "
                      "cpu_plain_36, cpu_plain_law, cpu_product_64, cpu_plain_64_wd03, "
                      "cpu_plain_64_wd03_low, cpu_plain_49_wd03, cpu_plain_64_wd03_60, "
                      "cpu_product_64_wd03, cpu_plain_36_wd03, gpu_plain_400, gpu_quick, paper "

@@ -33,6 +33,8 @@ SWEEPS = {
     "cpu_196": ((196,), 5, 4, 15000, True),
     "cpu_256_c4": ((256,), 5, 4, 15000, True),
     "cpu_256_c2": ((256,), 5, 4, 15000, True),
+    "cpu_095": ((100,), 1, 4, 10000, True),
+    "cpu_144_095": ((144,), 1, 4, 12000, True),
     "cpu_plain_64": ((64,), 4, 2, 8000, False, 3),
     "cpu_plain_36": ((36,), 12, 5, 5000, False),
     "cpu_plain_law": ((25, 64), 5, 4, 10000, False),
@@ -68,6 +70,8 @@ def test_coverage_sweep_presets_are_the_documented_grids(preset):
 # Presets run beside another so that one setting tells them apart: the preset each pairs with and
 # the settings (flattened config keys) each may change.
 PAIRED = {
+    "cpu_095": ("cpu", {"grid.coverages"}),
+    "cpu_144_095": ("cpu_144", {"grid.coverages"}),
     "cpu_256_c2": ("cpu_256_c4", {"grid.spaces"}),
     "cpu_product_64": ("cpu_plain_law", {"model.product_readout", "grid.spaces"}),
     "cpu_plain_64_wd03": ("cpu_plain_law", {"optimizer.weight_decay", "grid.spaces"}),
