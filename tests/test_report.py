@@ -162,6 +162,39 @@ def test_report_at_a_step_equals_the_report_of_rows_cut_there(tmp_path, capsys):
   assert abs(tables[0][0]["rho_star"] - 0.5) > 0.01  # the early rows differ from the final ones
 
 
+def _sweep_with_config(workdir, rows, **config):
+  _write(workdir, rows)
+  files.write_json(os.path.join(workdir, "config.json"),
+                   {"grid": {"coverages": sorted({r["coverage"] for r in rows})},
+                    "sweep": {"packing": "auto"}, "num_steps": 200, **config})
+
+
+def test_pooled_sweeps_make_one_curve_and_refuse_what_cannot_pool(tmp_path):
+  """Two sweeps of one setting at different coverages pool into the curve of one sweep holding
+  both; configs that differ outside the grid, or a coverage and seed held twice, are refused."""
+  rows = _rows(planted={(2, 20): 0.5}, seeds=(0, 1, 2))
+  low = [r for r in rows if r["coverage"] < 0.45]
+  high = [dict(r, replica=r["replica"] + 1000) for r in rows if r["coverage"] >= 0.45]
+  _sweep_with_config(str(tmp_path / "whole"), rows)
+  _sweep_with_config(str(tmp_path / "low"), low)
+  _sweep_with_config(str(tmp_path / "high"), high, sweep={"packing": "bucket"})
+  whole = report.make_report(str(tmp_path / "whole"), num_draws=20, formats=("png",),
+                             out_dir=str(tmp_path / "r_whole"))
+  pooled = report.make_report([str(tmp_path / "low"), str(tmp_path / "high")], pool=True,
+                              num_draws=20, formats=("png",), out_dir=str(tmp_path / "r_pool"))
+  apart = report.make_report([str(tmp_path / "low"), str(tmp_path / "high")], num_draws=20,
+                             formats=("png",), out_dir=str(tmp_path / "r_apart"))
+  assert pooled["critical_coverage"] == whole["critical_coverage"] and pooled["pooled"]
+  assert len(apart["critical_coverage"]) == 2   # without --pool, a curve per sweep
+  _sweep_with_config(str(tmp_path / "other"), high, optimizer={"learning_rate": 1.0})
+  with pytest.raises(ValueError, match="differ in optimizer.learning_rate"):
+    report.make_report([str(tmp_path / "low"), str(tmp_path / "other")], pool=True,
+                       out_dir=str(tmp_path / "r_other"))
+  with pytest.raises(ValueError, match="both hold coverage 0.1, seed 0"):
+    report.make_report([str(tmp_path / "low"), str(tmp_path / "whole")], pool=True,
+                       out_dir=str(tmp_path / "r_twice"))
+
+
 def test_report_recovers_planted_rho_star(tmp_path, capsys):
   workdir = str(tmp_path / "sweep")
   rows = _rows()

@@ -10,7 +10,9 @@ phase_transition.png/.pdf, scaling_law.png/.pdf (two or more sizes), critical_co
 points.json; a non-empty OUT is refused unless --overwrite. --workdir=A,B,... reports several
 sweeps together (one per object-space size, say); --out is then required. --predict=N:C,...
 adds each scaling law's ρ* at sizes not yet run (|O| = N with C concepts), with its range over
-the same refits, to critical_coverage.md/.json.
+the same refits, to critical_coverage.md/.json. --pool makes one curve of sweeps that differ only
+in their grids (coverages or seeds run later), refusing configs that differ elsewhere and a
+coverage and seed held twice.
 """
 import os
 
@@ -38,6 +40,9 @@ def main(argv):
   flags.DEFINE_string("out", None, "output directory (default WORKDIR/report)", flag_values=fv)
   flags.DEFINE_string("predict", "", "comma list of N:C, sizes |O| = N with C concepts at which "
                       "to predict ρ* from the scaling laws", flag_values=fv)
+  flags.DEFINE_boolean("pool", False, "one curve per series across the listed sweeps, which "
+                       "must differ only in their grids (default: a curve per sweep)",
+                       flag_values=fv)
   bj_flags.define_overwrite(fv)
   bj_flags.parse(fv, argv, required=("workdir",), description=__doc__)
   prog, workdirs = argv[0], fv["workdir"].value.split(",")
@@ -57,7 +62,8 @@ def main(argv):
   with bj_flags.input_errors(prog):
     summary = report.make_report(workdirs, step=step,
                                  num_draws=fv["draws"].value, out_dir=out,
-                                 metric=fv["metric"].value, predict_at=predict_at)
+                                 metric=fv["metric"].value, predict_at=predict_at,
+                                 pool=fv["pool"].value)
   for row in summary["critical_coverage"]:
     rho = "–" if row["rho_star"] is None else f"{row['rho_star']:.3f}"
     interval = "" if not row["interval"] else " [{:.3f}, {:.3f}]".format(*row["interval"])

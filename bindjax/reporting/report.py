@@ -262,17 +262,47 @@ def markdown_table(table, laws, step, metric="accuracy", series=()):
   return "\n".join(lines)
 
 
-def _rows_of_sweeps(workdirs, step):
+# Config sections in which sweeps pooled into one curve may differ: the grid, whose coordinates
+# every row carries, and the sweep's device layout, which sets no number.
+POOLABLE_SECTIONS = ("grid", "sweep")
+
+
+def _rows_of_sweeps(workdirs, step, pool=False):
   """The selected rows of every sweep. If two sweeps hold the same series, every row carries
-  its sweep's name (SWEEP), so that no curve averages replicas of different sweeps."""
+  its sweep's name (SWEEP), so that no curve averages replicas of different sweeps, unless
+  `pool`: then their configs must agree outside POOLABLE_SECTIONS and no coverage and seed of a
+  series may come from two sweeps (ValueError naming the first difference or repeat)."""
   per_sweep = [_selected_rows(w, step) for w in workdirs]
   keys = [{_series_key(r) for r in rows} for rows in per_sweep]
-  if sum(map(len, keys)) == len(set().union(*keys)):
+  if pool:
+    _check_poolable(workdirs, per_sweep)
+  if pool or sum(map(len, keys)) == len(set().union(*keys)):
     return [row for rows in per_sweep for row in rows]
   names = [w.name for w in workdirs]
   if len(set(names)) < len(names):
     names = [str(w) for w in workdirs]
   return [dict(row, **{SWEEP: name}) for name, rows in zip(names, per_sweep) for row in rows]
+
+
+def _check_poolable(workdirs, per_sweep):
+  configs = [files.read_json(layout.Workdir(w).config_file) for w in workdirs]
+  for workdir, config in zip(workdirs[1:], configs[1:]):
+    differ = [d for d in results.config_difference(configs[0], results.with_added_settings(config))
+              if d[0].split(".")[0] not in POOLABLE_SECTIONS]
+    if differ:
+      field, first, other = differ[0]
+      raise ValueError(f"pooling {workdir} with {workdirs[0]}: their configs differ in {field} "
+                       f"({other!r} against {first!r}); only {' and '.join(POOLABLE_SECTIONS)} "
+                       "may differ between pooled sweeps")
+  seen = {}
+  for workdir, rows in zip(workdirs, per_sweep):
+    for row in rows:
+      point = (_series_key(row), row[results.COVERAGE], row[results.SEED])
+      if point in seen:
+        raise ValueError(f"pooling {workdir} with {seen[point]}: both hold coverage "
+                         f"{row[results.COVERAGE]:g}, seed {row[results.SEED]} of "
+                         f"{series_label(point[0])}")
+      seen[point] = workdir
 
 
 def _selected_rows(workdir, step):
@@ -326,7 +356,7 @@ def _scaling_laws(table, num_draws, predict_at):
 
 
 def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None,
-                formats=("png", "pdf"), metric="accuracy", predict_at=()):
+                formats=("png", "pdf"), metric="accuracy", predict_at=(), pool=False):
   """Writes figures, ρ* table and scaling law for one sweep or several; returns the summary.
 
   workdir: a sweep's workdir, or a list of them (for example one sweep per object-space size),
@@ -334,7 +364,8 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   "best", or a step number N (results.select_evaluations). num_draws: refits behind the scaling law's intervals.
   metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (RHO_METRICS).
   predict_at: (|O|, C) pairs at which each scaling law's ρ* is predicted, with its range over
-  the refits (`statistics.scaling_law_intervals`).
+  the refits (`statistics.scaling_law_intervals`). pool: several sweeps that differ only in
+  their grids (a coverage or seeds run later, say) make one curve (`_rows_of_sweeps`).
   The summary's "finished" is False when a sweep has no done file (still running, or killed):
   the report then covers the rows written so far, and its title says so.
   """
@@ -349,7 +380,7 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   from bindjax.reporting.plots import phase_transition  # matplotlib only when drawing
 
   step = results.parse_step(step)
-  selected = _rows_of_sweeps(workdirs, step)
+  selected = _rows_of_sweeps(workdirs, step, pool)
   # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
   finished = all(layout.Workdir(w).is_finished() for w in workdirs)
   series = aggregate(selected, (rho_metric,) + tuple(
@@ -369,7 +400,7 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
     figures += phase_transition.plot_scaling_law(
         fitted, laws, out_dir / "scaling_law", title="critical coverage against |O|: " + title,
         formats=formats, study_points=statistics.STUDY_RHO_STARS, level=statistics.LEVEL)
-  summary = {"workdirs": [str(w) for w in workdirs], "step": step,
+  summary = {"workdirs": [str(w) for w in workdirs], "pooled": bool(pool), "step": step,
              "threshold": statistics.THRESHOLD, "metric": rho_metric,
              "critical_coverage": table, "scaling_law": laws,
              "finished": finished, "num_replicas": len(selected),
