@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -357,13 +358,28 @@ def test_a_run_whose_checkpoints_are_all_damaged_refuses_and_rewrites_nothing(
 
 
 def test_checkpoint_restore_names_the_damaged_array(reference, tmp_path):
-  workdir = _copy(reference, tmp_path)
-  data = max(_data_files(workdir, 6), key=os.path.getsize)
-  _flip(data, [os.path.getsize(data) // 2], mask=0x04)
-  with pytest.raises(checkpoint.CorruptCheckpointError,
-                     match=r"checkpoint .*/bucket_000/6: array \[.*\] does not match the "
-                           r"checksum recorded when it was saved"):
-    _final_state(workdir)
+  """A flipped bit in the stored arrays is refused, never restored as other numbers: where the
+  damaged bytes still decode, the checksum names the array. Where a flip lands in compressed
+  framing the store itself fails to decode it (also refused, with another message), and which
+  bytes are framing depends on the trained values, so several places of the file are tried."""
+  _, original = _final_state(_copy(reference, tmp_path / "intact"))
+  named = []
+  for i, fraction in enumerate((0.5, 0.3, 0.7, 0.4, 0.6, 0.2)):
+    workdir = _copy(reference, tmp_path / str(i))
+    data = max(_data_files(workdir, 6), key=os.path.getsize)
+    _flip(data, [int(os.path.getsize(data) * fraction)], mask=0x04)
+    try:
+      _, restored = _final_state(workdir)
+    except checkpoint.CorruptCheckpointError as e:
+      assert "/bucket_000/6" in str(e), e
+      named.append(re.search(r"array \[.*\] does not match the checksum recorded when it was "
+                             r"saved", str(e)) is not None)
+      if named[-1]:
+        break
+      continue
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(restored),
+                                                    jax.tree.leaves(original))), fraction
+  assert any(named), named
 
 
 def _final_state(workdir):
