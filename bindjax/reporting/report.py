@@ -142,11 +142,6 @@ def _varying_keys(keys):
 
 STEP_WORDS = {"final": "final step, no selection on held-out objects",
               "best": "best step, chosen on held-out objects themselves (optimistic)"}
-
-
-def _step_words(step):
-  return (STEP_WORDS.get(step) or
-          f"the last evaluation at or before step {step:,}, no selection on held-out objects")
 STATUS_WORDS = {"fit": "fit", "above": "above 0.5 at every coverage",
                 "below": "never reaches 0.5", "too_few": "fewer than 2 coverages"}
 # Per-coverage columns of the Markdown table: (metric, header).
@@ -241,6 +236,11 @@ def _law_lines(laws):
       lines.append(f"| {p[results.SPACE_SIZE]:,} | {p[results.NUM_CONCEPTS]} | "
                    + " | ".join(cells) + " |")
   return lines
+
+
+def _step_words(step):
+  return (STEP_WORDS.get(step) or
+          f"the last evaluation at or before step {step:,}, no selection on held-out objects")
 
 
 def markdown_table(table, laws, step, metric="accuracy", series=()):
@@ -361,7 +361,8 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
 
   workdir: a sweep's workdir, or a list of them (for example one sweep per object-space size),
   whose replicas are reported together; out_dir is then required. step: "final" (default),
-  "best", or a step number N (results.select_evaluations). num_draws: refits behind the scaling law's intervals.
+  "best", or a step number N (results.select_evaluations). num_draws: refits behind the scaling
+  law's intervals.
   metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (RHO_METRICS).
   predict_at: (|O|, C) pairs at which each scaling law's ρ* is predicted, with its range over
   the refits (`statistics.scaling_law_intervals`). pool: several sweeps that differ only in
