@@ -58,8 +58,13 @@ def test_a_report_of_several_sweeps_redraws_its_table(folder, tmp_path):
   with open(os.path.join(folder, "workdirs.txt")) as f:
     workdirs = [os.path.join(REPO, line.strip()) for line in f if line.strip()]
   assert len(workdirs) > 1 and all(w in FOLDERS for w in workdirs), workdirs
-  # pool.txt, where there is one, says why the sweeps make one curve (`bindjax report --pool`).
-  pool = os.path.exists(os.path.join(folder, "pool.txt"))
+  # options.txt, where there is one: a boolean option of `make_report` per line (`pool`,
+  # `law_per_towers`), each set, with why after a '#'.
+  options = {}
+  if os.path.exists(os.path.join(folder, "options.txt")):
+    with open(os.path.join(folder, "options.txt")) as f:
+      options = {line.split("#")[0].strip(): True for line in f if line.split("#")[0].strip()}
+    assert set(options) <= {"pool", "law_per_towers"}, options
   predict_at = []
   if os.path.exists(os.path.join(folder, "predict.txt")):
     with open(os.path.join(folder, "predict.txt")) as f:
@@ -67,7 +72,7 @@ def test_a_report_of_several_sweeps_redraws_its_table(folder, tmp_path):
   with open(os.path.join(folder, "critical_coverage.md")) as f:
     committed = f.read()
   report.make_report(workdirs, out_dir=str(tmp_path), formats=("png",), predict_at=predict_at,
-                     pool=pool)
+                     **options)
   with open(tmp_path / "critical_coverage.md") as f:
     assert f.read() == committed
 

@@ -195,6 +195,37 @@ def test_pooled_sweeps_make_one_curve_and_refuse_what_cannot_pool(tmp_path):
                        out_dir=str(tmp_path / "r_twice"))
 
 
+def test_a_law_per_kind_of_towers(tmp_path):
+  """Sweeps of two kinds of towers at the same sizes: one law over both cannot be fitted (two ρ*
+  per size), one law per kind recovers each kind's planted ρ*, and the table says which is which."""
+  planted = {"both": {(2, 20): 0.5, (2, 50): 0.32, (3, 50): 0.3},
+             "none": {(2, 20): 0.7, (2, 50): 0.55, (3, 50): 0.5}}
+  workdirs = []
+  for readout, rhos in planted.items():
+    workdirs.append(str(tmp_path / readout))
+    _sweep_with_config(workdirs[-1], _rows(planted=rhos, noise=0.01),
+                       model={"product_readout": readout, "num_layers": 2, "d_model": 64,
+                              "d_ff": 256})
+  mixed = report.make_report(workdirs, num_draws=20, formats=("png",), out_dir=str(tmp_path / "m"))
+  assert mixed["scaling_law"] is None and mixed["scaling_laws"] is None
+  apart = report.make_report(workdirs, num_draws=20, formats=("png",), out_dir=str(tmp_path / "a"),
+                             law_per_towers=True)
+  assert apart["scaling_law"] is None
+  groups = {g["towers"].split(",")[0]: g for g in apart["scaling_laws"]}
+  assert sorted(groups) == ["plain towers", "product read-out"]
+  for words, rhos in (("product read-out", planted["both"]), ("plain towers", planted["none"])):
+    group = groups[words]
+    assert group["towers"].endswith("d_ff 256; lr 0.0003, weight decay 0.1"), group["towers"]
+    rows = [r for r in apart["critical_coverage"] if r["towers"].startswith(words)]
+    measured = {(r["C"], r["V"]): r["rho_star"] for r in rows}
+    assert measured.keys() == rhos.keys()
+    assert all(abs(measured[k] - rhos[k]) < 0.03 for k in rhos), (measured, rhos)
+    assert group["laws"]["num_points"] == 3
+  table = (tmp_path / "a" / "critical_coverage.md").read_text()
+  assert table.count("### Scaling law of ") == 2
+  assert (tmp_path / "a" / "scaling_law.png").exists()
+
+
 def test_report_recovers_planted_rho_star(tmp_path, capsys):
   workdir = str(tmp_path / "sweep")
   rows = _rows()

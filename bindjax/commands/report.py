@@ -12,7 +12,8 @@ sweeps together (one per object-space size, say); --out is then required. --pred
 adds each scaling law's ρ* at sizes not yet run (|O| = N with C concepts), with its range over
 the same refits, to critical_coverage.md/.json. --pool makes one curve of sweeps that differ only
 in their grids (coverages or seeds run later), refusing configs that differ elsewhere and a
-coverage and seed held twice.
+coverage and seed held twice. --law_per_towers fits one scaling law per kind of towers (read-out,
+width, learning rate, weight decay) and draws them in one figure.
 """
 import os
 
@@ -43,6 +44,9 @@ def main(argv):
   flags.DEFINE_boolean("pool", False, "one curve per series across the listed sweeps, which "
                        "must differ only in their grids (default: a curve per sweep)",
                        flag_values=fv)
+  flags.DEFINE_boolean("law_per_towers", False, "one scaling law per kind of towers (read-out, "
+                       "width, learning rate, weight decay) instead of one over every series",
+                       flag_values=fv)
   bj_flags.define_overwrite(fv)
   bj_flags.parse(fv, argv, required=("workdir",), description=__doc__)
   prog, workdirs = argv[0], fv["workdir"].value.split(",")
@@ -63,15 +67,18 @@ def main(argv):
     summary = report.make_report(workdirs, step=step,
                                  num_draws=fv["draws"].value, out_dir=out,
                                  metric=fv["metric"].value, predict_at=predict_at,
-                                 pool=fv["pool"].value)
+                                 pool=fv["pool"].value,
+                                 law_per_towers=fv["law_per_towers"].value)
   for row in summary["critical_coverage"]:
     rho = "–" if row["rho_star"] is None else f"{row['rho_star']:.3f}"
     interval = "" if not row["interval"] else " [{:.3f}, {:.3f}]".format(*row["interval"])
     print(f"{row['label']}: rho* = {rho}{interval} ({row['status']}, {row['num_seeds']} seeds, "
           f"{results.step_name(summary['step'])})")
-  if summary["scaling_law"]:
-    law = summary["scaling_law"][summary["scaling_law"]["best"]]
-    print(f"scaling law: {law['formula']}, a={law['a']:.4g}, b={law['b']:.4g}, R2={law['r2']:.3f}")
+  for group in summary["scaling_laws"] or [{"towers": None, "laws": summary["scaling_law"]}]:
+    if group["laws"]:
+      law = group["laws"][group["laws"]["best"]]
+      print(f"scaling law{' of ' + group['towers'] if group['towers'] else ''}: "
+            f"{law['formula']}, a={law['a']:.4g}, b={law['b']:.4g}, R2={law['r2']:.3f}")
   unfinished = ("" if summary["finished"] else
                 f" (the sweep is unfinished: no {layout.DONE_FILE} yet, so this covers the "
                 f"{summary['num_replicas']} replicas with rows so far)")

@@ -19,6 +19,7 @@ Outputs, in WORKDIR/report/: phase_transition.png/.pdf, scaling_law.png/.pdf (tw
 with a ρ*), critical_coverage.md/.json, points.json (the aggregated curves).
 """
 import collections
+import itertools
 import os
 
 import numpy as np
@@ -45,10 +46,15 @@ READOUT_WORDS = {"none": "plain towers", "both": "product read-out",
 # Which sweep a row came from, set only when several sweeps are reported and two of them hold
 # the same series: their configs may differ outside the rows (a model setting, the steps).
 SWEEP = "sweep"
+# The towers of a row's sweep in words (`towers_words`), set only when each kind of towers gets
+# its own scaling law (`make_report(law_per_towers=True)`).
+TOWERS = "towers"
 # Replica settings that are not seeds: replicas differing only in seed are averaged; any other
 # difference besides coverage makes a separate curve.
 SERIES_KEYS = (results.NUM_CONCEPTS, results.NUM_VALUES, results.MAX_OBJECTS, results.SPACE_SIZE,
-               results.MODEL, results.LEARNING_RATE, results.WEIGHT_DECAY, SWEEP)
+               results.MODEL, results.LEARNING_RATE, results.WEIGHT_DECAY, SWEEP, TOWERS)
+# Settings of a series that, with its towers, make one kind of towers: one law per kind.
+LAW_KEYS = (TOWERS, results.LEARNING_RATE, results.WEIGHT_DECAY)
 # Settings a label never lists as varying: |O|, C and V open every label, K goes with the space.
 LABEL_KEYS = (results.NUM_CONCEPTS, results.NUM_VALUES, results.MAX_OBJECTS, results.SPACE_SIZE)
 
@@ -102,9 +108,7 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
         if value is not None and np.isfinite(value) and point["fitted"]:
           per_seed[r[results.SEED]].append((coverage, float(value)))
       points.append(point)
-    values = dict(zip(SERIES_KEYS, key))
-    if values[SWEEP] is None:
-      del values[SWEEP]
+    values = {k: v for k, v in zip(SERIES_KEYS, key) if v is not None or k not in (SWEEP, TOWERS)}
     label = series_label(key)
     extras = [f"{k}={values[k]}" for k in varying if k not in LABEL_KEYS]
     if extras:
@@ -246,7 +250,8 @@ def _step_words(step):
 def markdown_table(table, laws, step, metric="accuracy", series=()):
   """The ρ* table, the scaling law and (given `series`) per-coverage tables, as Markdown.
 
-  `metric` names the figure ρ* is read from.
+  `laws`: one set of scaling laws (`statistics.fit_scaling_laws`, or None), or the groups of
+  `_scaling_laws`, each with its label. `metric` names the figure ρ* is read from.
   """
   what = {"accuracy": "held-out set-separation accuracy on max-object scenes",
           "binding": "held-out binding figure on two-object scenes"}[metric]
@@ -254,7 +259,10 @@ def markdown_table(table, laws, step, metric="accuracy", series=()):
   name = RHO_METRICS[metric].replace(results.ROW_K, "/".join(map(str, ks)))
   lines = [f"# Critical coverage ρ* ({_step_words(step)}; {what} (`{name}`), "
            f"crossing {statistics.THRESHOLD})", ""]
-  lines += _rho_rows(table) + [""] + _law_lines(laws) + [""]
+  lines += _rho_rows(table) + [""]
+  groups = laws if isinstance(laws, list) else [(None, None, laws)]
+  for label, _, group_laws in groups:
+    lines += ([f"### Scaling law of {label}", ""] if label else []) + _law_lines(group_laws) + [""]
   if series:
     lines += ["## Per coverage", ""]
     for s in series:
@@ -267,15 +275,19 @@ def markdown_table(table, laws, step, metric="accuracy", series=()):
 POOLABLE_SECTIONS = ("grid", "sweep")
 
 
-def _rows_of_sweeps(workdirs, step, pool=False):
-  """The selected rows of every sweep. If two sweeps hold the same series, every row carries
-  its sweep's name (SWEEP), so that no curve averages replicas of different sweeps, unless
-  `pool`: then their configs must agree outside POOLABLE_SECTIONS and no coverage and seed of a
-  series may come from two sweeps (ValueError naming the first difference or repeat)."""
+def _rows_of_sweeps(workdirs, step, pool=False, law_per_towers=False):
+  """The selected rows of every sweep (with law_per_towers, each carrying its sweep's TOWERS).
+  If two sweeps hold the same series, every row carries its sweep's name (SWEEP), so that no
+  curve averages replicas of different sweeps, unless `pool`: then such sweeps' configs must
+  agree outside POOLABLE_SECTIONS and no coverage and seed of a series may come from two sweeps
+  (ValueError naming the first difference or repeat)."""
   per_sweep = [_selected_rows(w, step) for w in workdirs]
+  if law_per_towers:
+    per_sweep = [[dict(row, **{TOWERS: towers_words(_config(w))}) for row in rows]
+                 for w, rows in zip(workdirs, per_sweep)]
   keys = [{_series_key(r) for r in rows} for rows in per_sweep]
   if pool:
-    _check_poolable(workdirs, per_sweep)
+    _check_poolable(workdirs, per_sweep, keys)
   if pool or sum(map(len, keys)) == len(set().union(*keys)):
     return [row for rows in per_sweep for row in rows]
   names = [w.name for w in workdirs]
@@ -284,16 +296,18 @@ def _rows_of_sweeps(workdirs, step, pool=False):
   return [dict(row, **{SWEEP: name}) for name, rows in zip(names, per_sweep) for row in rows]
 
 
-def _check_poolable(workdirs, per_sweep):
-  configs = [files.read_json(layout.Workdir(w).config_file) for w in workdirs]
-  for workdir, config in zip(workdirs[1:], configs[1:]):
-    differ = [d for d in results.config_difference(configs[0], results.with_added_settings(config))
+def _check_poolable(workdirs, per_sweep, keys):
+  for i, j in itertools.combinations(range(len(workdirs)), 2):
+    if not keys[i] & keys[j]:
+      continue   # no series in common: nothing is pooled between the two
+    differ = [d for d in results.config_difference(_config(workdirs[i]),
+                                                   results.with_added_settings(_config(workdirs[j])))
               if d[0].split(".")[0] not in POOLABLE_SECTIONS]
     if differ:
       field, first, other = differ[0]
-      raise ValueError(f"pooling {workdir} with {workdirs[0]}: their configs differ in {field} "
-                       f"({other!r} against {first!r}); only {' and '.join(POOLABLE_SECTIONS)} "
-                       "may differ between pooled sweeps")
+      raise ValueError(f"pooling {workdirs[j]} with {workdirs[i]}: their configs differ in "
+                       f"{field} ({other!r} against {first!r}); only "
+                       f"{' and '.join(POOLABLE_SECTIONS)} may differ between pooled sweeps")
   seen = {}
   for workdir, rows in zip(workdirs, per_sweep):
     for row in rows:
@@ -303,6 +317,23 @@ def _check_poolable(workdirs, per_sweep):
                          f"{row[results.COVERAGE]:g}, seed {row[results.SEED]} of "
                          f"{series_label(point[0])}")
       seen[point] = workdir
+
+
+def _config(workdir):
+  """The sweep's config.json ({} when it has none)."""
+  path = layout.Workdir(workdir).config_file
+  return files.read_json(path) if path.exists() else {}
+
+
+def towers_words(config):
+  """A sweep's towers in words, from its config.json: "product read-out, 2 layers, d_model 64,
+  d_ff 256" ("" without a model section)."""
+  model = config.get("model")
+  if not model:
+    return ""
+  return (f"{READOUT_WORDS.get(model.get('product_readout', 'none'), 'plain towers')}, "
+          f"{model.get('num_layers')} layers, d_model {model.get('d_model')}, "
+          f"d_ff {model.get('d_ff')}")
 
 
 def _selected_rows(workdir, step):
@@ -319,7 +350,7 @@ def _selected_rows(workdir, step):
 
 def describe(workdirs, series, step):
   """The figures' title in words, e.g. "|O| = 196, C = 2; product read-out, 2 layers,
-  d_model 64; 15,000 steps; final step": the spaces of `series`, then the towers and the steps
+  d_model 64, d_ff 256; 15,000 steps; final step": the spaces of `series`, then the towers and the steps
   of the sweeps' config.json files (each distinct one once)."""
   by_concepts = collections.defaultdict(set)
   for s in series:
@@ -328,35 +359,45 @@ def describe(workdirs, series, step):
   spaces = (f"|O| = {sizes[c]}, C = {c}" for c in sizes) if len(sizes) == 1 else (
       "|O| = " + " and ".join(f"{sizes[c]} (C = {c})" for c in sizes),)
   towers, steps = [], []
-  for workdir in workdirs:
-    path = layout.Workdir(workdir).config_file
-    if path.exists():
-      config = files.read_json(path)
-      model = config.get("model", {})
-      words = (f"{READOUT_WORDS.get(model.get('product_readout', 'none'), 'plain towers')}, "
-               f"{model.get('num_layers')} layers, d_model {model.get('d_model')}")
-      towers += [words] if words not in towers else []
-      steps += [config.get("num_steps", 0)] if config.get("num_steps", 0) not in steps else []
+  for config in filter(None, map(_config, workdirs)):
+    words = towers_words(config)
+    towers += [words] if words and words not in towers else []
+    steps += [config.get("num_steps", 0)] if config.get("num_steps", 0) not in steps else []
   parts = list(spaces) + [" / ".join(towers)] if towers else list(spaces)
   if steps:
     parts.append(", ".join(f"{n:,}" for n in sorted(steps)) + " steps")
   return "; ".join(parts + [results.step_name(step)])
 
 
-def _scaling_laws(table, num_draws, predict_at):
-  """(rows of `table` with a ρ*, their scaling laws with intervals or None)."""
-  # A scaling law needs one ρ* per |O|: use series that differ only in size.
-  fitted = [r for r in table if r["rho_star"] is not None]
-  if len({r[results.SPACE_SIZE] for r in fitted}) != len(fitted):
-    return fitted, None
-  laws = statistics.fit_scaling_laws([r[results.SPACE_SIZE] for r in fitted],
-                                     [r["rho_star"] for r in fitted],
-                                     [r[results.NUM_CONCEPTS] for r in fitted])
-  return fitted, statistics.scaling_law_intervals(fitted, laws, num_draws, predict_at=predict_at)
+def _scaling_laws(table, num_draws, predict_at, law_per_towers=False):
+  """[(label, rows of `table` with a ρ*, their scaling laws with intervals or None)]: one entry
+  labelled None, or with law_per_towers one per kind of towers (LAW_KEYS), in table order."""
+  groups = collections.defaultdict(list)
+  for row in table:
+    if row["rho_star"] is not None:
+      groups[_law_label(row) if law_per_towers else None].append(row)
+  out = []
+  for label, fitted in (groups.items() if groups else [(None, [])]):
+    laws = None
+    # A scaling law needs one ρ* per |O|: use series that differ only in size.
+    if len({r[results.SPACE_SIZE] for r in fitted}) == len(fitted):
+      laws = statistics.fit_scaling_laws([r[results.SPACE_SIZE] for r in fitted],
+                                         [r["rho_star"] for r in fitted],
+                                         [r[results.NUM_CONCEPTS] for r in fitted])
+      laws = statistics.scaling_law_intervals(fitted, laws, num_draws, predict_at=predict_at)
+    out.append((label, fitted, laws))
+  return out
+
+
+def _law_label(row):
+  """A kind of towers in words: its towers, learning rate and weight decay."""
+  return (f"{row.get(TOWERS) or 'towers'}; lr {row[results.LEARNING_RATE]:g}, weight decay "
+          f"{row[results.WEIGHT_DECAY]:g}")
 
 
 def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None,
-                formats=("png", "pdf"), metric="accuracy", predict_at=(), pool=False):
+                formats=("png", "pdf"), metric="accuracy", predict_at=(), pool=False,
+                law_per_towers=False):
   """Writes figures, ρ* table and scaling law for one sweep or several; returns the summary.
 
   workdir: a sweep's workdir, or a list of them (for example one sweep per object-space size),
@@ -367,6 +408,8 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   predict_at: (|O|, C) pairs at which each scaling law's ρ* is predicted, with its range over
   the refits (`statistics.scaling_law_intervals`). pool: several sweeps that differ only in
   their grids (a coverage or seeds run later, say) make one curve (`_rows_of_sweeps`).
+  law_per_towers: one scaling law per kind of towers (read-out, width, learning rate and weight
+  decay; LAW_KEYS) instead of one over every series, in the summary's "scaling_laws".
   The summary's "finished" is False when a sweep has no done file (still running, or killed):
   the report then covers the rows written so far, and its title says so.
   """
@@ -381,34 +424,40 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   from bindjax.reporting.plots import phase_transition  # matplotlib only when drawing
 
   step = results.parse_step(step)
-  selected = _rows_of_sweeps(workdirs, step, pool)
+  selected = _rows_of_sweeps(workdirs, step, pool, law_per_towers)
   # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
   finished = all(layout.Workdir(w).is_finished() for w in workdirs)
   series = aggregate(selected, (rho_metric,) + tuple(
       m for m in REPORT_METRICS if m != rho_metric))
   table = statistics.critical_coverages(series)
-  fitted, laws = _scaling_laws(table, num_draws, predict_at)
+  groups = _scaling_laws(table, num_draws, predict_at, law_per_towers)
+  with_law = any(len(fitted) >= 2 for _, fitted, _ in groups)
   out_dir = files.as_path(out_dir or layout.Workdir(workdirs[0]).report)
   out_dir.mkdir(parents=True, exist_ok=True)
-  drawn = ("phase_transition", "scaling_law") if len(fitted) >= 2 else ("phase_transition",)
+  drawn = ("phase_transition", "scaling_law") if with_law else ("phase_transition",)
   files.record_outputs(out_dir, [f"{name}.{f}" for name in drawn for f in formats] + [
       "critical_coverage.json", "critical_coverage.md", "points.json"])
   title = describe(workdirs, series, step) + ("" if finished else " (unfinished)")
   figures = phase_transition.plot(series, table, out_dir / "phase_transition",
                                   step=step, formats=formats, rho_metric=rho_metric, title=title,
                                   level=statistics.LEVEL)
-  if len(fitted) >= 2:
+  if with_law:
+    _, fitted, laws = groups[0]
     figures += phase_transition.plot_scaling_law(
         fitted, laws, out_dir / "scaling_law", title="critical coverage against |O|: " + title,
-        formats=formats, study_points=statistics.STUDY_RHO_STARS, level=statistics.LEVEL)
+        formats=formats, study_points=statistics.STUDY_RHO_STARS, level=statistics.LEVEL,
+        groups=groups if law_per_towers else None)
   summary = {"workdirs": [str(w) for w in workdirs], "pooled": bool(pool), "step": step,
              "threshold": statistics.THRESHOLD, "metric": rho_metric,
-             "critical_coverage": table, "scaling_law": laws,
+             "critical_coverage": table,
+             "scaling_law": None if law_per_towers else groups[0][2],
+             "scaling_laws": [{"towers": label, "laws": laws} for label, _, laws in groups]
+             if law_per_towers else None,
              "finished": finished, "num_replicas": len(selected),
              "num_diverged": sum(bool(r[results.DIVERGED]) for r in selected),
              "figures": figures}
   files.write_json(out_dir / "critical_coverage.json", summary)
   files.write_atomic(out_dir / "critical_coverage.md",
-                     markdown_table(table, laws, step, metric, series))
+                     markdown_table(table, groups, step, metric, series))
   files.write_json(out_dir / "points.json", series)
   return summary

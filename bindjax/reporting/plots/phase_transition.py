@@ -128,43 +128,20 @@ def _draw_series(ax, s, metric, color, style, marker):
 
 
 def plot_scaling_law(critical, laws, path_stem, title=None, formats=("png", "pdf"),
-                     study_points=(), level=0.95):
+                     study_points=(), level=0.95, groups=None):
   """ρ* with its interval against |O| (log axis; marker per number of concepts C), the best
   scaling law, solid over the measured sizes and dashed where extrapolated, with its band
   whole; the law with a term in C (one line per C) when `laws` has it; and the study's reported
-  values (`study_points`: (|O|, ρ*) pairs) marked as the study's. Returns the written paths."""
-  fig, ax = plt.subplots(figsize=(6.4, 5.4), constrained_layout=True)
-  sizes = np.array([r[results.SPACE_SIZE] for r in critical], dtype=float)
-  measured = (sizes.min(), sizes.max())
-  concepts = sorted({r[results.NUM_CONCEPTS] for r in critical})
+  values (`study_points`: (|O|, ρ*) pairs) marked as the study's. `groups`, instead of
+  critical and laws: [(label, critical rows, laws or None)], one law per kind of towers, each
+  in its own colour. Returns the written paths."""
+  fig, ax = plt.subplots(figsize=(6.4, 5.4) if groups is None else (7.6, 7.4),
+                         constrained_layout=True)
   top = 1.0
-  for i, c in enumerate(concepts):
-    rows = [r for r in critical if r[results.NUM_CONCEPTS] == c]
-    n = np.array([r[results.SPACE_SIZE] for r in rows], dtype=float)
-    rho = np.array([r["rho_star"] for r in rows])
-    low = np.array([r["rho_star"] - r["interval"][0] if r["interval"] else 0 for r in rows])
-    high = np.array([r["interval"][1] - r["rho_star"] if r["interval"] else 0 for r in rows])
-    ax.errorbar(n, rho, yerr=[low, high], fmt=MARKERS[i % len(MARKERS)], capsize=3,
-                color=PALETTE[i], zorder=3,
-                label=f"ρ* measured, C = {c}: mean over seeds, {level:.0%} t interval")
-  if laws:
-    law = laws[laws["best"]]
-    color = PALETTE[2]
-    if "band" in law:
-      band = law["band"]
-      ax.fill_between(band["space_size"], band["low"], band["high"], color=color, alpha=0.15,
-                      linewidth=0, label=f"{level:.0%} band of the law (refits to draws of ρ*)")
-      top = max(top, float(np.max(band["high"])))
-    formula = law["formula"].replace("rho*", "ρ*")
-    _solid_inside(ax, law["curve"]["space_size"], law["curve"]["rho_star"], measured, color,
-                  f"fit: {formula}, b = {law['b']:.3g}",
-                  "dashed: a law extrapolated beyond the measured sizes")
-    concept_law = laws.get("concept_log_linear")
-    for c, curve in (concept_law or {}).get("curves", {}).items():
-      i = concepts.index(int(c)) if int(c) in concepts else 0
-      _solid_inside(ax, curve["space_size"], curve["rho_star"], measured, PALETTE[i],
-                    f"fit: ρ* = a + b·log10|O| + c·C at C = {c} (c = {concept_law['c']:.3g})",
-                    None, linewidth=0.9)
+  for g, (label, rows, group_laws) in enumerate(groups or [(None, critical, laws)]):
+    top = max(top, _draw_law_group(ax, label, rows, group_laws, level,
+                                   None if groups is None else PALETTE[(g + 1) % len(PALETTE)],
+                                   first=g == 0))
   if study_points:
     n, rho = zip(*study_points)
     ax.scatter(n, rho, marker="*", s=110, facecolors="none", edgecolors=PALETTE[4], zorder=4,
@@ -182,6 +159,50 @@ def plot_scaling_law(critical, laws, path_stem, title=None, formats=("png", "pdf
   if title:
     ax.set_title(textwrap.fill(title, width=TITLE_WIDTH), fontsize=9)
   return _save(fig, path_stem, formats)
+
+
+def _draw_law_group(ax, label, critical, laws, level, color, first):
+  """One kind of towers' measured ρ* and its laws; `color` None: points coloured by C and the
+  law in its own colour (a figure of one kind). The legend's entries for what every group
+  shares (band, extrapolation) come with the `first`. Returns the highest value drawn."""
+  prefix = f"{label}:\n" if label else ""
+  sizes = np.array([r[results.SPACE_SIZE] for r in critical], dtype=float)
+  measured = (sizes.min(), sizes.max())
+  concepts = sorted({r[results.NUM_CONCEPTS] for r in critical})
+  top = 1.0
+  for i, c in enumerate(concepts):
+    rows = [r for r in critical if r[results.NUM_CONCEPTS] == c]
+    n = np.array([r[results.SPACE_SIZE] for r in rows], dtype=float)
+    rho = np.array([r["rho_star"] for r in rows])
+    low = np.array([r["rho_star"] - r["interval"][0] if r["interval"] else 0 for r in rows])
+    high = np.array([r["interval"][1] - r["rho_star"] if r["interval"] else 0 for r in rows])
+    ax.errorbar(n, rho, yerr=[low, high], fmt=MARKERS[i % len(MARKERS)], capsize=3,
+                color=color or PALETTE[i], zorder=3,
+                label=f"{prefix}ρ* measured, C = {c}" + (
+                    "" if label else f": mean over seeds, {level:.0%} t interval"))
+  if not laws:
+    return top
+  law = laws[laws["best"]]
+  law_color = color or PALETTE[2]
+  if "band" in law:
+    band = law["band"]
+    ax.fill_between(band["space_size"], band["low"], band["high"], color=law_color, alpha=0.15,
+                    linewidth=0, label=None if not first else
+                    f"shade: {level:.0%} band of {'each' if label else 'the'} law (refits to "
+                    "draws of ρ*)")
+    top = max(top, float(np.max(band["high"])))
+  formula = law["formula"].replace("rho*", "ρ*")
+  _solid_inside(ax, law["curve"]["space_size"], law["curve"]["rho_star"], measured, law_color,
+                f"{prefix}fit: {formula}, b = {law['b']:.3g}",
+                "dashed: a law extrapolated beyond the measured sizes" if first else None)
+  # Several kinds of towers in one figure: their laws in |O| alone, to stay readable.
+  concept_law = None if label else laws.get("concept_log_linear")
+  for c, curve in (concept_law or {}).get("curves", {}).items():
+    i = concepts.index(int(c)) if int(c) in concepts else 0
+    _solid_inside(ax, curve["space_size"], curve["rho_star"], measured, color or PALETTE[i],
+                  f"{prefix}fit: ρ* = a + b·log10|O| + c·C at C = {c} "
+                  f"(c = {concept_law['c']:.3g})", None, linewidth=0.9)
+  return top
 
 
 def _solid_inside(ax, x, y, span, color, label, outside_label, linewidth=1.5):
