@@ -60,7 +60,7 @@ def test_the_scaling_law_figure_names_the_fit_its_band_extrapolation_and_the_stu
   report.make_report(FOUR_SIZES, out_dir=str(tmp_path), num_draws=50, formats=("png",))
   fig = figures["scaling_law"]
   legend = _legend_texts(fig)
-  for entry in ("95% band of the law", "fit: ρ* = a * |O|^b", "dashed: a law extrapolated",
+  for entry in ("shade: 95% band of the law", "fit: ρ* = a * |O|^b", "dashed: a law extrapolated",
                 "the study's reported ρ*", "ρ* measured, C = 2: mean over seeds, 95% t interval",
                 "ρ* measured, C = 3"):
     assert any(text.startswith(entry) for text in legend), (entry, legend)
