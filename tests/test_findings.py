@@ -9,7 +9,9 @@ import pytest
 
 from bindjax.complexity import replicas
 from bindjax.reporting.plots import phase_transition
+from bindjax.reporting import metrics
 from bindjax.reporting import report
+from bindjax.reporting import tables
 from bindjax.workdir import layout
 from bindjax.workdir import results
 
@@ -78,7 +80,7 @@ def test_a_report_of_several_sweeps_redraws_its_table(folder, tmp_path):
 
 
 # Every metric the report and its figures read from an evaluation row.
-READ_METRICS = sorted({*report.REPORT_METRICS, *(m for m, _ in report.TABLE_METRICS),
+READ_METRICS = sorted({*metrics.REPORT_METRICS, *(m for m, _ in tables.TABLE_METRICS),
                        *(m for m, _ in phase_transition.PANELS), *results.SUMMARY_METRICS})
 
 
@@ -104,7 +106,7 @@ def test_the_committed_rows_carry_what_the_report_reads(folder, tmp_path):
       generated += [results.object_accuracy(split, count), results.concept_accuracy(split, count)]
   assert set(generated) <= set(row)
   # The row's own K stands in for ROW_K: the binding metric is the K-object accuracy.
-  assert (results.metric_value(row, report.BINDING_METRIC)
+  assert (results.metric_value(row, metrics.BINDING_METRIC)
           == row[results.object_accuracy(results.HELDOUT, k)])
   if not os.path.exists(os.path.join(folder, layout.DONE_FILE)):
     return  # an unfinished sweep writes no summary yet

@@ -7,7 +7,9 @@ import pytest
 
 from bindjax.base import files
 from bindjax.commands import report as report_command
+from bindjax.reporting import metrics
 from bindjax.reporting import report
+from bindjax.reporting import tables
 from bindjax.reporting import statistics
 from bindjax.workdir import results
 
@@ -112,7 +114,7 @@ def test_predictions_at_sizes_not_run_follow_each_law_and_its_refits():
         assert low <= p[law]["rho_star"] <= high, (se, law, p[law])
     widths.append(np.diff(at_c4["concept_log_linear"]["range"])[0])
   assert widths[0] < widths[1] / 5
-  assert "| 400 | 4 |" in report.markdown_table([], laws, "final")
+  assert "| 400 | 4 |" in tables.markdown_table([], laws, "final")
 
 
 def test_select_best_and_final():
@@ -347,7 +349,7 @@ def test_rho_star_interval_has_its_coverage():
   hits, widths, censored = [], [], 0
   for _ in range(300):
     series = report.aggregate(_planted_experiment(rng, 0.75, 4, spread=0.04, noise=0.03),
-                              (report.BINDING_METRIC,))
+                              (metrics.BINDING_METRIC,))
     (row,) = statistics.critical_coverages(series)
     if row["interval"] is None:
       censored += 1
@@ -364,7 +366,7 @@ def test_seed_that_never_crosses_leaves_no_interval():
   for row in rows:
     if row["seed"] == 3:
       row["heldout/object_accuracy_2obj"] = 0.1
-  (row,) = statistics.critical_coverages(report.aggregate(rows, (report.BINDING_METRIC,)))
+  (row,) = statistics.critical_coverages(report.aggregate(rows, (metrics.BINDING_METRIC,)))
   assert row["status"] == "fit" and row["interval"] is None and row["censored_seeds"] == ["3"]
   assert row["rho_star"] == row["pooled_rho_star"]
 

@@ -20,6 +20,7 @@ import os
 from absl import flags
 
 from bindjax.commands import flags as bj_flags
+from bindjax.reporting import metrics
 from bindjax.reporting import report
 from bindjax.workdir import layout
 from bindjax.workdir import results
@@ -35,7 +36,7 @@ def main(argv):
                       "number N (the last at or before step N)", flag_values=fv)
   flags.DEFINE_integer("draws", 1000, "refits behind the scaling law's intervals",
                        flag_values=fv)
-  flags.DEFINE_enum("metric", "accuracy", sorted(report.RHO_METRICS),
+  flags.DEFINE_enum("metric", "accuracy", sorted(metrics.RHO_METRICS),
                     "held-out figure ρ* is read from: set-separation accuracy on max-object "
                     "scenes, or the binding figure", flag_values=fv)
   flags.DEFINE_string("out", None, "output directory (default WORKDIR/report)", flag_values=fv)

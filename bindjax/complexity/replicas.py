@@ -38,7 +38,7 @@ from bindjax.complexity import grid_fits
 from bindjax.complexity import results as complexity_results
 from bindjax.frozen import extract
 from bindjax.frozen.probes import linear
-from bindjax.reporting import report
+from bindjax.reporting import metrics
 from bindjax.runtime import engine
 from bindjax.runtime import parallel
 from bindjax.workdir import layout
@@ -57,8 +57,8 @@ QUALITY_COLUMN = "final_test_only_r2"
 REPLICA_COLUMNS = results.COORDINATES
 # Row name -> the sweep's metric: its name, with results.MAX_K for the replica's own K.
 SWEEP_METRICS = {metric.replace(results.ROW_K, results.MAX_K): metric for metric in (
-    results.SELECTION_METRIC, report.BINDING_METRIC, results.binding(results.HELDOUT),
-    report.CONCEPT_METRIC, results.object_accuracy(results.TRAIN, results.ROW_K),
+    results.SELECTION_METRIC, metrics.BINDING_METRIC, results.binding(results.HELDOUT),
+    metrics.CONCEPT_METRIC, results.object_accuracy(results.TRAIN, results.ROW_K),
     results.binding(results.TRAIN))}
 # Fit columns of a complexity row kept per replica and family.
 FIT_COLUMNS = (

@@ -25,22 +25,12 @@ import os
 import numpy as np
 
 from bindjax.base import files
+from bindjax.reporting import metrics
 from bindjax.reporting import statistics
+from bindjax.reporting import tables
 from bindjax.workdir import layout
 from bindjax.workdir import results
 
-# Metric names of bindjax.training.train.eval_step; results.ROW_K stands for each row's K (the
-# maximum number of objects per scene).
-BINDING_METRIC = results.object_accuracy(results.HELDOUT, results.ROW_K)
-ONE_OBJECT_METRIC = results.object_accuracy(results.HELDOUT, 1)
-CONCEPT_METRIC = results.concept_accuracy(results.HELDOUT)
-# ρ* may be read off either held-out figure (docs/objectives.md#binding): set-separation accuracy
-# on max-object scenes, or the binding figure (both objects above every cross object).
-RHO_METRICS = {"accuracy": BINDING_METRIC, "binding": results.binding(results.HELDOUT)}
-# Every metric the report aggregates and draws (the ρ* metric first).
-REPORT_METRICS = (BINDING_METRIC, results.binding(results.HELDOUT),
-                  results.object_accuracy(results.TRAIN, results.ROW_K),
-                  results.binding(results.TRAIN), ONE_OBJECT_METRIC, CONCEPT_METRIC)
 READOUT_WORDS = {"none": "plain towers", "both": "product read-out",
                  "query": "product read-out in the query tower"}
 # Which sweep a row came from, set only when several sweeps are reported and two of them hold
@@ -68,13 +58,14 @@ def series_label(key):
   return label
 
 
-def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METRIC)):
+def aggregate(selected, metric_names=(metrics.BINDING_METRIC, metrics.ONE_OBJECT_METRIC,
+                                      metrics.CONCEPT_METRIC)):
   """Groups selected rows into series (one per setting) and coverage points over seeds.
 
   Returns a list of dicts sorted by |O|: {"key", "label", "space_size", "points": [{"coverage",
   "seeds", "steps", "heldout_objects", "diverged", "fitted" (False: at most K held-out objects,
   left out of the ρ* fits), metric: {"mean", "std", "min", "max",
-  "values"}}], "per_seed": {seed: [(coverage, value of metrics[0])]}}.
+  "values"}}], "per_seed": {seed: [(coverage, value of metric_names[0])]}}.
   """
   series = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in selected:
@@ -92,7 +83,7 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
                "heldout_objects": sorted({r[results.SPACE_SIZE] - r[results.NUM_TRAIN_OBJECTS]
                                           for r in rows if results.NUM_TRAIN_OBJECTS in r}),
                "diverged": sum(bool(r.get(results.DIVERGED)) for r in rows)}
-      for metric in metrics:
+      for metric in metric_names:
         values = [results.metric_value(r, metric) for r in rows]
         values = np.array([np.nan if v is None else v for v in values], dtype=float)
         finite = values[np.isfinite(values)]
@@ -104,7 +95,7 @@ def aggregate(selected, metrics=(BINDING_METRIC, ONE_OBJECT_METRIC, CONCEPT_METR
             "values": [None if not np.isfinite(v) else float(v) for v in values]}
       point["fitted"] = not any(_trivially_separated(r) for r in rows)
       for r in rows:
-        value = results.metric_value(r, metrics[0])
+        value = results.metric_value(r, metric_names[0])
         if value is not None and np.isfinite(value) and point["fitted"]:
           per_seed[r[results.SEED]].append((coverage, float(value)))
       points.append(point)
@@ -142,132 +133,6 @@ def _hashable(v):
 def _varying_keys(keys):
   keys = list(keys)
   return [name for i, name in enumerate(SERIES_KEYS) if len({k[i] for k in keys}) > 1]
-
-
-STEP_WORDS = {"final": "final step, no selection on held-out objects",
-              "best": "best step, chosen on held-out objects themselves (optimistic)"}
-STATUS_WORDS = {"fit": "fit", "above": "above 0.5 at every coverage",
-                "below": "never reaches 0.5", "too_few": "fewer than 2 coverages"}
-# Per-coverage columns of the Markdown table: (metric, header).
-TABLE_METRICS = ((BINDING_METRIC, "held-out {K}-object accuracy"),
-                 (results.binding(results.HELDOUT), "held-out binding"),
-                 (results.object_accuracy(results.TRAIN, results.ROW_K),
-                  "training {K}-object accuracy"))
-
-
-def _number(x, digits=3):
-  return "–" if x is None else f"{x:.{digits}f}"
-
-
-def _escape(text):
-  return text.replace("|", "\\|")  # |O| must not split the Markdown cells
-
-
-def _rho_rows(table):
-  lines = [f"| series | \\|O\\| | seeds | ρ* | {statistics.LEVEL:.0%} interval (t over seeds) | "
-           "per-seed ρ* | slope | status |",
-           "|---|---:|---:|---:|---|---|---:|---|"]
-  for row in table:
-    interval = ("–" if not row["interval"] else
-                f"[{row['interval'][0]:.3f}, {row['interval'][1]:.3f}]")
-    per_seed = " ".join(_number(v) for v in row["seed_rho_stars"].values())
-    status = STATUS_WORDS[row["status"]]
-    if row["censored_seeds"] and row["status"] == "fit":
-      status += f"; seed(s) {', '.join(row['censored_seeds'])} never cross 0.5: no interval"
-    lines.append(f"| {_escape(row['label'])} | {row[results.SPACE_SIZE]:,} | {row['num_seeds']} | "
-                 f"{_number(row['rho_star'])} | {interval} | {per_seed} | "
-                 f"{_number(row['slope'], 1)} | {status} |")
-  return lines
-
-
-def _coverage_rows(s):
-  k = s["key"][results.MAX_OBJECTS]
-  headers = [h.format(K=k) for _, h in TABLE_METRICS]
-  lines = [f"### {_escape(s['label'])}", "",
-           "Values per seed, in the order of the seeds column.", "",
-           "| coverage | held-out objects | seeds | step | " + " | ".join(headers) + " |",
-           "|---:|---:|---|---|" + "---|" * len(headers)]
-  for p in s["points"]:
-    cells = []
-    for metric, _ in TABLE_METRICS:
-      m = p.get(metric)
-      if m is None or m["mean"] is None:
-        cells.append("–")
-        continue
-      values = " ".join(_number(v) for v in m["values"])
-      cells.append(f"{values} (mean {_number(m['mean'])})")
-    heldout = ", ".join(map(str, p["heldout_objects"])) or "–"
-    if not p.get("fitted", True):
-      heldout += " (≤ K: not fitted)"
-    steps = ", ".join(map(str, sorted(set(p["steps"]))))
-    seeds = " ".join(map(str, p["seeds"]))
-    lines.append(f"| {p['coverage']:g} | {heldout} | {seeds} | {steps} | "
-                 + " | ".join(cells) + " |")
-  return lines
-
-
-def _law_lines(laws):
-  if not laws:
-    return ["Scaling law: needs ρ* at three or more object-space sizes."]
-  lines = [f"Scaling law over {laws['num_points']} sizes (best: {laws['best']}):", ""]
-  for name in ("power_law", "log_linear"):
-    law = laws[name]
-    a, b = f"{law['a']:.4g}", f"{law['b']:.4g}"
-    if "a_interval" in law:
-      a += " [{:.4g}, {:.4g}]".format(*law["a_interval"])
-      b += " [{:.4g}, {:.4g}]".format(*law["b_interval"])
-    lines.append(f"- {name}: `{law['formula']}`, a = {a}, b = {b}, R² = {law['r2']:.3f}")
-  if "concept_log_linear" in laws:
-    law = laws["concept_log_linear"]
-    values = [f"{k} = {law[k]:.4g}" + (" [{:.4g}, {:.4g}]".format(*law[f"{k}_interval"])
-                                      if f"{k}_interval" in law else "") for k in "abc"]
-    fit = ("passes through every point" if law["residual_dof"] == 0 else
-           f"R² = {law['r2']:.3f}, {law['residual_dof']} residual degrees of freedom")
-    lines.append(f"- concept_log_linear: `{law['formula']}`, {', '.join(values)} ({fit}); "
-                 "c ≠ 0 means C moves ρ* beyond |O| = V^C")
-  if "num_draws" in laws:
-    lines += ["", f"Intervals: {statistics.LEVEL:.0%} of {laws['num_draws']} refits with every "
-              "size's ρ* drawn from its own t distribution."]
-  if laws.get("predictions"):
-    names = [k for k in ("power_law", "log_linear", "concept_log_linear")
-             if k in laws["predictions"][0]]
-    lines += ["", "Predicted ρ* at sizes not in the fit (95% range over the same refits):", "",
-              "| \\|O\\| | C | " + " | ".join(names) + " |",
-              "|---:|---:|" + "---|" * len(names)]
-    for p in laws["predictions"]:
-      cells = [f"{p[k]['rho_star']:.3f} [{p[k]['range'][0]:.3f}, {p[k]['range'][1]:.3f}]"
-               for k in names]
-      lines.append(f"| {p[results.SPACE_SIZE]:,} | {p[results.NUM_CONCEPTS]} | "
-                   + " | ".join(cells) + " |")
-  return lines
-
-
-def _step_words(step):
-  return (STEP_WORDS.get(step) or
-          f"the last evaluation at or before step {step:,}, no selection on held-out objects")
-
-
-def markdown_table(table, laws, step, metric="accuracy", series=()):
-  """The ρ* table, the scaling law and (given `series`) per-coverage tables, as Markdown.
-
-  `laws`: one set of scaling laws (`statistics.fit_scaling_laws`, or None), or the groups of
-  `_scaling_laws`, each with its label. `metric` names the figure ρ* is read from.
-  """
-  what = {"accuracy": "held-out set-separation accuracy on max-object scenes",
-          "binding": "held-out binding figure on two-object scenes"}[metric]
-  ks = sorted({row[results.MAX_OBJECTS] for row in table})
-  name = RHO_METRICS[metric].replace(results.ROW_K, "/".join(map(str, ks)))
-  lines = [f"# Critical coverage ρ* ({_step_words(step)}; {what} (`{name}`), "
-           f"crossing {statistics.THRESHOLD})", ""]
-  lines += _rho_rows(table) + [""]
-  groups = laws if isinstance(laws, list) else [(None, None, laws)]
-  for label, _, group_laws in groups:
-    lines += ([f"### Scaling law of {label}", ""] if label else []) + _law_lines(group_laws) + [""]
-  if series:
-    lines += ["## Per coverage", ""]
-    for s in series:
-      lines += _coverage_rows(s) + [""]
-  return "\n".join(lines)
 
 
 # Config sections in which sweeps pooled into one curve may differ: the grid, whose coordinates
@@ -395,6 +260,22 @@ def _law_label(row):
           f"{row[results.WEIGHT_DECAY]:g}")
 
 
+def _draw(series, table, groups, out_dir, title, step, formats, rho_metric, law_per_towers):
+  """The phase-transition figure and, given law groups, the scaling-law figure; their files."""
+  from bindjax.reporting.plots import phase_transition  # matplotlib only when drawing
+
+  figures = phase_transition.plot(series, table, out_dir / "phase_transition",
+                                  step=step, formats=formats, rho_metric=rho_metric, title=title,
+                                  level=statistics.LEVEL)
+  if groups:
+    _, fitted, laws = groups[0]
+    figures += phase_transition.plot_scaling_law(
+        fitted, laws, out_dir / "scaling_law", title="critical coverage against |O|: " + title,
+        formats=formats, study_points=statistics.STUDY_RHO_STARS, level=statistics.LEVEL,
+        groups=groups if law_per_towers else None)
+  return figures
+
+
 def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None,
                 formats=("png", "pdf"), metric="accuracy", predict_at=(), pool=False,
                 law_per_towers=False):
@@ -404,7 +285,7 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   whose replicas are reported together; out_dir is then required. step: "final" (default),
   "best", or a step number N (results.select_evaluations). num_draws: refits behind the scaling
   law's intervals.
-  metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (RHO_METRICS).
+  metric: "accuracy" or "binding", the held-out figure ρ* is fitted to (metrics.RHO_METRICS).
   predict_at: (|O|, C) pairs at which each scaling law's ρ* is predicted, with its range over
   the refits (`statistics.scaling_law_intervals`). pool: several sweeps that differ only in
   their grids (a coverage or seeds run later, say) make one curve (`_rows_of_sweeps`).
@@ -418,17 +299,16 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   if len(workdirs) > 1 and out_dir is None:
     raise ValueError(f"workdir={[str(w) for w in workdirs]!r}: a report of several sweeps needs "
                      "an output directory")
-  if metric not in RHO_METRICS:
-    raise ValueError(f"metric={metric!r}: expected one of {sorted(RHO_METRICS)}")
-  rho_metric = RHO_METRICS[metric]
-  from bindjax.reporting.plots import phase_transition  # matplotlib only when drawing
+  if metric not in metrics.RHO_METRICS:
+    raise ValueError(f"metric={metric!r}: expected one of {sorted(metrics.RHO_METRICS)}")
+  rho_metric = metrics.RHO_METRICS[metric]
 
   step = results.parse_step(step)
   selected = _rows_of_sweeps(workdirs, step, pool, law_per_towers)
   # A live or killed sweep: what exists is drawn, and the summary says it is unfinished.
   finished = all(layout.Workdir(w).is_finished() for w in workdirs)
   series = aggregate(selected, (rho_metric,) + tuple(
-      m for m in REPORT_METRICS if m != rho_metric))
+      m for m in metrics.REPORT_METRICS if m != rho_metric))
   table = statistics.critical_coverages(series)
   groups = _scaling_laws(table, num_draws, predict_at, law_per_towers)
   with_law = any(len(fitted) >= 2 for _, fitted, _ in groups)
@@ -438,15 +318,8 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   files.record_outputs(out_dir, [f"{name}.{f}" for name in drawn for f in formats] + [
       "critical_coverage.json", "critical_coverage.md", "points.json"])
   title = describe(workdirs, series, step) + ("" if finished else " (unfinished)")
-  figures = phase_transition.plot(series, table, out_dir / "phase_transition",
-                                  step=step, formats=formats, rho_metric=rho_metric, title=title,
-                                  level=statistics.LEVEL)
-  if with_law:
-    _, fitted, laws = groups[0]
-    figures += phase_transition.plot_scaling_law(
-        fitted, laws, out_dir / "scaling_law", title="critical coverage against |O|: " + title,
-        formats=formats, study_points=statistics.STUDY_RHO_STARS, level=statistics.LEVEL,
-        groups=groups if law_per_towers else None)
+  figures = _draw(series, table, groups if with_law else None, out_dir, title, step=step,
+                  formats=formats, rho_metric=rho_metric, law_per_towers=law_per_towers)
   summary = {"workdirs": [str(w) for w in workdirs], "pooled": bool(pool), "step": step,
              "threshold": statistics.THRESHOLD, "metric": rho_metric,
              "critical_coverage": table,
@@ -458,6 +331,6 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
              "figures": figures}
   files.write_json(out_dir / "critical_coverage.json", summary)
   files.write_atomic(out_dir / "critical_coverage.md",
-                     markdown_table(table, groups, step, metric, series))
+                     tables.markdown_table(table, groups, step, metric, series))
   files.write_json(out_dir / "points.json", series)
   return summary
