@@ -20,6 +20,8 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64_wd03_low --workdir=runs/cpu_plain_64_wd03_low
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64_wd03_60 --workdir=runs/cpu_plain_64_wd03_60
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_product_64_wd03 --workdir=runs/cpu_product_64_wd03
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_ff1024_64 --workdir=runs/cpu_plain_ff1024_64
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_ff1024_100 --workdir=runs/cpu_plain_ff1024_100
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -82,6 +84,14 @@ Presets (the ARG after the colon):
              cpu_plain_36 (its 60 replicas, grid, seeds and 5,000 steps) with weight decay
              0.03: does the lever that lifted every seed at |O| = 64's top coverage give a
              whole transition at 36, and how do the binding fits rank its replicas?
+  cpu_plain_ff1024_64
+             cpu_plain_law's |O| = 64 half (coverage 0.3–0.9 × 4 seeds, lr 3e-3 without weight
+             decay, 10,000 steps) with d_ff 1,024: the cheapest plain configuration that binds
+             |O| = 64 and 100 (docs/findings/learning_time.md), so that beside cpu_plain_law only
+             the width differs; the first size of a plain law under one configuration.
+  cpu_plain_ff1024_100
+             cpu_plain_ff1024_64 at |O| = 100 (C = 2, V = 10), 15,000 steps (the schedule under
+             which this configuration bound 100 at coverage 1).
   gpu_plain_400
              plain towers (no product read-out; the cpu towers with d_ff 1,024) at the study's
              |O| = 400 (C = 2, V = 20), coverage 0.2–0.9 (8 points), 4 seeds, lr 3e-3 without
@@ -145,6 +155,10 @@ PLAIN_LAW_PRESETS = {"cpu_plain_law": ((2, 5), (2, 8)), "cpu_product_64": ((2, 8
                      "cpu_plain_64_wd03": ((2, 8),), "cpu_plain_64_wd03_low": ((2, 8),),
                      "cpu_plain_49_wd03": ((2, 7),), "cpu_plain_64_wd03_60": ((2, 8),),
                      "cpu_product_64_wd03": ((2, 8),)}
+# Plain towers with d_ff 1,024 (cpu_plain_law's |O| = 64 half, one width changed), per preset
+# its object space and steps.
+PLAIN_FF1024_PRESETS = {"cpu_plain_ff1024_64": ((2, 8), 10000),
+                        "cpu_plain_ff1024_100": ((2, 10), 15000)}
 # gpu_plain_400's step count before device_sweep.sh re-sizes it from the measured rate.
 GPU_PLAIN_STEPS = 40000
 
@@ -217,6 +231,11 @@ def get_config(arg="smoke"):
     _use_cpu_towers(c, product_readout="both" if product else "none")
     c.optimizer.update(learning_rate=3e-3, weight_decay=0.03 if "wd03" in arg else 0.0)
     c.num_steps = 10000
+  elif arg in PLAIN_FF1024_PRESETS:
+    c = get_config("cpu_plain_law")
+    space, c.num_steps = PLAIN_FF1024_PRESETS[arg]
+    c.grid.spaces = (space,)
+    c.model.d_ff = 1024
   elif arg == "gpu_plain_400":
     c.grid.spaces = ((2, 20),)
     c.grid.coverages = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -250,6 +269,7 @@ def get_config(arg="smoke"):
                      "cpu_plain_64, "
                      "cpu_plain_36, cpu_plain_law, cpu_product_64, cpu_plain_64_wd03, "
                      "cpu_plain_64_wd03_low, cpu_plain_49_wd03, cpu_plain_64_wd03_60, "
-                     "cpu_product_64_wd03, cpu_plain_36_wd03, gpu_plain_400, gpu_quick, paper "
+                     "cpu_product_64_wd03, cpu_plain_36_wd03, cpu_plain_ff1024_64, "
+                     "cpu_plain_ff1024_100, gpu_plain_400, gpu_quick, paper "
                      "or paper_20m")
   return c

@@ -45,6 +45,8 @@ SWEEPS = {
     "cpu_plain_49_wd03": ((49,), 6, 4, 10000, False),
     "cpu_plain_64_wd03_60": ((64,), 12, 5, 10000, False),
     "cpu_product_64_wd03": ((64,), 6, 4, 10000, True),
+    "cpu_plain_ff1024_64": ((64,), 5, 4, 10000, False),
+    "cpu_plain_ff1024_100": ((100,), 5, 4, 15000, False),
     "gpu_plain_400": ((400,), 8, 4, 40000, False),
     "gpu_quick": ((400,), 7, 1, 15000, False),
     "paper": ((400, 2500, 125000), 9, 3, 50000, False),
@@ -80,6 +82,8 @@ PAIRED = {
     "cpu_plain_49_wd03": ("cpu_plain_64_wd03", {"grid.spaces", "grid.coverages"}),
     "cpu_plain_64_wd03_60": ("cpu_plain_64_wd03", {"grid.coverages", "grid.seeds"}),
     "cpu_product_64_wd03": ("cpu_plain_64_wd03", {"model.product_readout", "grid.coverages"}),
+    "cpu_plain_ff1024_64": ("cpu_plain_law", {"model.d_ff", "grid.spaces"}),
+    "cpu_plain_ff1024_100": ("cpu_plain_ff1024_64", {"grid.spaces", "num_steps"}),
 }
 
 
