@@ -131,11 +131,17 @@ def test_a_split_that_does_not_identify_the_structure_is_reported():
   assert rows[1]["final_test_only_r2"] >= 0.9
 
 
+def test_the_global_product_starts_more_often_unless_told():
+  assert fitting.FitConfig().for_family("product").solver_starts == 16
+  assert fitting.FitConfig().for_family("sum_product").solver_starts == 8
+  assert fitting.FitConfig(solver_starts=4).for_family("product").solver_starts == 4
+
+
 def test_solver_setting_is_validated_naming_the_field():
   with pytest.raises(ValueError, match="solver="):
     fitting.FitConfig(solver="newton").validate()
   with pytest.raises(ValueError, match="solver_starts="):
-    fitting.FitConfig(solver_starts=0).validate()
+    fitting.FitConfig(solver_starts=-1).validate()
   with pytest.raises(ValueError, match="solver_projection="):
     fitting.FitConfig(solver_projection="yes").validate()
   with pytest.raises(ValueError, match="solver_iterations="):

@@ -168,7 +168,8 @@ def main():
   parser.add_argument("--old_steps", default=4000, type=int)
   parser.add_argument("--solver_ridge", default=NEW.solver_ridge, type=float,
                       help="the new default's coordinate-solver ridge (FitConfig.solver_ridge)")
-  parser.add_argument("--solver_starts", default=NEW.solver_starts, type=int)
+  parser.add_argument("--solver_starts", default=NEW.solver_starts, type=int,
+                      help="starts per coordinate; 0: the family's (fitting.SOLVER_STARTS)")
   parser.add_argument("--solver_iterations", default=NEW.solver_iterations, type=int,
                       help="FitConfig.solver_iterations (0: the family's value)")
   parser.add_argument("--solver_screen", default=NEW.solver_screen, type=int)
