@@ -197,6 +197,20 @@ def test_pooled_sweeps_make_one_curve_and_refuse_what_cannot_pool(tmp_path):
                        out_dir=str(tmp_path / "r_twice"))
 
 
+def test_two_concept_counts_at_one_size_make_one_law(tmp_path):
+  """|O| = 256 at C = 2 and C = 4 beside two more sizes: one law over all four series, whose
+  term in C is fitted from the pair at one |O|."""
+  planted = {(2, 10): 0.8, (2, 14): 0.58, (2, 16): 0.57, (4, 4): 0.34}
+  _write(str(tmp_path / "sweep"), _rows(planted=planted, noise=0.01))
+  summary = report.make_report(str(tmp_path / "sweep"), num_draws=50, formats=("png",),
+                               out_dir=str(tmp_path / "out"))
+  laws = summary["scaling_law"]
+  assert laws["num_points"] == 4
+  # The pair at |O| = 256 alone sets c: (0.34 − 0.57) / (4 − 2).
+  concept = laws["concept_log_linear"]
+  assert abs(concept["c"] - (-0.115)) < 0.02 and concept["c_interval"][1] < 0
+
+
 def test_a_law_per_kind_of_towers(tmp_path):
   """Sweeps of two kinds of towers at the same sizes: one law over both cannot be fitted (two ρ*
   per size), one law per kind recovers each kind's planted ρ*, and the table says which is which."""

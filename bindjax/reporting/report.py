@@ -244,8 +244,10 @@ def _scaling_laws(table, num_draws, predict_at, law_per_towers=False):
   out = []
   for label, fitted in (groups.items() if groups else [(None, [])]):
     laws = None
-    # A scaling law needs one ρ* per |O|: use series that differ only in size.
-    if len({r[results.SPACE_SIZE] for r in fitted}) == len(fitted):
+    # A scaling law needs one ρ* per size: series that differ only in |O| and C (two C at one
+    # |O| are what tells the law with a term in C from the size laws).
+    sizes = {(r[results.SPACE_SIZE], r[results.NUM_CONCEPTS]) for r in fitted}
+    if len(sizes) == len(fitted):
       laws = statistics.fit_scaling_laws([r[results.SPACE_SIZE] for r in fitted],
                                          [r["rho_star"] for r in fitted],
                                          [r[results.NUM_CONCEPTS] for r in fitted])
