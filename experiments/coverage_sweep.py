@@ -8,6 +8,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_196 --workdir=runs/cpu_196
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_256_c4 --workdir=runs/cpu_256_c4
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_256_c2 --workdir=runs/cpu_256_c2
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_400 --workdir=runs/cpu_400
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_095 --workdir=runs/cpu_095
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_144_095 --workdir=runs/cpu_144_095
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_64 --workdir=runs/cpu_plain_64
@@ -41,6 +42,10 @@ Presets (the ARG after the colon):
              (docs/findings/scaling_law.md, "Predictions for |O| = 256").
   cpu_256_c2 cpu_256_c4 with two concepts (C = 2, V = 16): the same |O|, model, grid, seeds and
              steps, so that the pair measures the effect of C at fixed |O|.
+  cpu_400    the same model and grid at the study's |O| = 400 (C = 2, V = 20), 20,000 steps
+             (3.2 times the read-out's learning-time law there, 193·|O|^0.58): the read-out's
+             law at the study's first size (docs/findings/scaling_law.md, "Predictions for
+             |O| = 400").
   cpu_095, cpu_144_095
              cpu and cpu_144 at coverage 0.95 alone (4 replicas each): the point above their
              grids that the transition test's upper half asks for, where a seed of each stays
@@ -133,12 +138,12 @@ COVERAGES_0_1_TO_0_9 = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 GPU_QUICK_STEPS = 15000
 # The CPU scaling-law presets: one object space each, the same model and seeds.
 CPU_SPACES = {"cpu": (2, 10), "cpu_144": (2, 12), "cpu_c3": (3, 5), "cpu_196": (2, 14),
-              "cpu_256_c4": (4, 4), "cpu_256_c2": (2, 16)}
+              "cpu_256_c4": (4, 4), "cpu_256_c2": (2, 16), "cpu_400": (2, 20)}
 # Training steps grow with the number of training objects (about as n^1.3 to fit them); at
 # |O| = 196, 3.5 times the product read-out's learning-time law (193·|O|^0.58 steps), the
 # multiple |O| = 144 had.
 CPU_STEPS = {"cpu": 10000, "cpu_144": 12000, "cpu_c3": 10000, "cpu_196": 15000,
-             "cpu_256_c4": 15000, "cpu_256_c2": 15000}
+             "cpu_256_c4": 15000, "cpu_256_c2": 15000, "cpu_400": 20000}
 CPU_COVERAGES = (0.3, 0.5, 0.7, 0.8, 0.9)
 # The law fitted on |O| = 100, 125 and 144 puts ρ*(196) near 0.5, where this grid's 0.8 would
 # say little and a point below 0.3 is needed to see the curve start.
@@ -265,7 +270,7 @@ def get_config(arg="smoke"):
     c.checkpoint.update(every=2000, keep=2)
   else:
     raise ValueError(f"experiments/coverage_sweep.py: preset {arg!r}; expected smoke, cpu, "
-                     "cpu_144, cpu_c3, cpu_196, cpu_256_c4, cpu_256_c2, cpu_095, cpu_144_095, "
+                     "cpu_144, cpu_c3, cpu_196, cpu_256_c4, cpu_256_c2, cpu_400, cpu_095, cpu_144_095, "
                      "cpu_plain_64, "
                      "cpu_plain_36, cpu_plain_law, cpu_product_64, cpu_plain_64_wd03, "
                      "cpu_plain_64_wd03_low, cpu_plain_49_wd03, cpu_plain_64_wd03_60, "
