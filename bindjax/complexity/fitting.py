@@ -54,11 +54,9 @@ RESTARTS = {"mlp": 1, "additive": 1, "product": 3, "sum_product": 3, "per_object
 SOLVER_PROJECTION = {"mlp": False, "additive": False, "product": False, "sum_product": False,
                      "per_object_product": True, "per_object_sum_product": True}
 FULL_ITERATIONS = 30
-# Starts per coordinate (solver_starts=0), by family: the global product of all K·C slots stops
-# in a poor minimum from 8 starts in 4 of 20 planted half splits and in none of 20 from 16
-# (docs/complexity.md, "The coordinate solver"); the others recover theirs from 8.
-SOLVER_STARTS = {"mlp": 8, "additive": 8, "product": 16, "sum_product": 8,
-                 "per_object_product": 8, "per_object_sum_product": 8}
+# Starts per coordinate (solver_starts=0): from 8, the global product stops in a poor minimum in 4
+# of 20 planted half splits, from 16 in none (docs/complexity.md, "The coordinate solver").
+SOLVER_STARTS = {**dict.fromkeys(families.FAMILIES, 8), "product": 16}
 PROJECTED_ITERATIONS = {"mlp": 30, "additive": 30, "product": 30, "sum_product": 30,
                         "per_object_product": 10, "per_object_sum_product": 10}
 # The original's learning rate: the complexity grid's default and that of every binding fit.
@@ -99,8 +97,7 @@ class FitConfig:
   # complexity.md, "The coordinate solver"); "adam": gradient training as above; "auto": the
   # coordinate solver where it applies, Adam elsewhere (MLPs, E < D, learned W).
   solver: str = "auto"
-  # coordinate solver: starts per coordinate, the cheapest kept; 0: the family's SOLVER_STARTS.
-  solver_starts: int = 0
+  solver_starts: int = 0  # coordinate solver: starts per coordinate (0: SOLVER_STARTS)
   # coordinate solver: Levenberg–Marquardt steps of the kept start; 0: FULL_ITERATIONS, or
   # the family's PROJECTED_ITERATIONS under variable projection.
   solver_iterations: int = 0
@@ -150,8 +147,7 @@ class FitConfig:
     if not self.solver_ridge >= 0:
       raise ValueError(f"solver_ridge={self.solver_ridge}: expected a number ≥ 0")
     if self.solver_starts < 0:
-      raise ValueError(f"solver_starts={self.solver_starts}: expected a positive integer (0: "
-                       f"the family's value)")
+      raise ValueError(f"solver_starts={self.solver_starts}: expected ≥ 0 (0: the family's)")
     if self.solver_iterations < 0:
       raise ValueError(f"solver_iterations={self.solver_iterations}: expected a positive "
                        f"integer (0: the family's value)")
