@@ -1,12 +1,18 @@
 """The persistent compilation cache of the commands: where it lives, off by a variable, and a
-second run of the same sweep in another workdir compiles nothing new."""
+second run of the same sweep in another workdir compiles nothing new; the program store beside
+it: a second run reads its bucket programs without tracing them, a damaged or foreign entry is
+compiled again."""
 import os
+import pickle
 import subprocess
 import sys
 
+import jax
 import pytest
 
+from bindjax.base import files
 from bindjax.runtime import compilation_cache
+from bindjax.runtime import program_store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = os.path.join(REPO, "experiments", "coverage_sweep.py")
@@ -60,4 +66,31 @@ def test_second_sweep_loads_every_program_from_the_cache(tmp_path):
 
   first = sweep("a")
   assert first, "the first run cached no program"
+  store = os.path.join(cache, program_store.STORE_DIR)
+  stored = {name: os.stat(os.path.join(store, name)).st_mtime_ns for name in os.listdir(store)}
+  assert len(stored) == 1   # one bucket: its init, run and eval in one entry
   assert sweep("b") == first
+  # The second run read the entry (a rebuilt one is written anew) and its rows are the first's.
+  assert {name: os.stat(os.path.join(store, name)).st_mtime_ns
+          for name in os.listdir(store)} == stored
+  rows = lambda workdir: files.read_jsonl(str(tmp_path / workdir / "results.jsonl"))
+  assert rows("b") == rows("a")
+  # A damaged entry costs a compile, not the run.
+  (entry,) = stored
+  with open(os.path.join(store, entry), "wb") as f:
+    f.write(b"not a program")
+  sweep("c")
+  assert rows("c") == rows("a")
+  assert os.path.getsize(os.path.join(store, entry)) > len(b"not a program")
+
+
+class _Refused:
+  def __reduce__(self):
+    return (os.getcwd, ())
+
+
+def test_a_stored_entry_resolves_no_class_outside_the_programs_modules(tmp_path):
+  path = tmp_path / "entry"
+  path.write_bytes(pickle.dumps(_Refused()))
+  with pytest.raises(pickle.UnpicklingError, match="refers to posix.getcwd"):
+    program_store.read_entry(str(path), jax.devices()[:1])

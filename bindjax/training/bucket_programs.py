@@ -20,6 +20,7 @@ import optax
 from bindjax.core import models
 from bindjax.runtime import engine
 from bindjax.runtime import parallel
+from bindjax.runtime import program_store
 from bindjax.runtime import xla_options
 from bindjax.training import train
 from bindjax.workdir import results
@@ -65,12 +66,16 @@ def _bucket_functions(spec, mesh, chunk_size, keep_best):
         sweep_state["train"], inputs, sweep_state["alive"], sweep_state["diverged_step"])
     return dict(sweep_state, train=state, alive=alive, diverged_step=diverged_step), metrics
 
+  # Jitted so that its trace is made once: the loop's carry needs the metrics' shapes before
+  # the loop traces the step.
+  traced_step = jax.jit(bucket_step)
+
   def bucket_run(sweep_state, inputs, num_steps):
     # A traced trip count (a while loop): one program for every number of steps, where a scan
     # of fixed length would need a second program for the remainders; the step compiles once.
     metrics = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                           jax.eval_shape(bucket_step, sweep_state, inputs)[1])
-    return jax.lax.fori_loop(0, num_steps, lambda _, carry: bucket_step(carry[0], inputs),
+                           jax.eval_shape(traced_step, sweep_state, inputs)[1])
+    return jax.lax.fori_loop(0, num_steps, lambda _, carry: traced_step(carry[0], inputs),
                              (sweep_state, metrics))
 
   def bucket_eval(sweep_state, inputs, step):
@@ -156,14 +161,14 @@ def compile_bucket(spec, mesh, inputs, chunk_setting=parallel.AUTO,
   chunk = parallel.chunk_setting(chunk_setting, "config.sweep.chunk_size")
   if chunk == parallel.AUTO:
     chunk = _auto_chunk(spec, mesh, inputs, memory_fraction, log, options, keep_best)
-  return _compiled(spec, mesh, inputs, chunk, options, keep_best) + (chunk,)
+  return _compiled(spec, mesh, inputs, chunk, options, keep_best, log) + (chunk,)
 
 
-def _compiled(spec, mesh, inputs, chunk, options, keep_best):
+def _compiled(spec, mesh, inputs, chunk, options, keep_best, log):
   size = inputs.num_train.shape[0]
   key = (spec, mesh, size, chunk, tuple(sorted((options or {}).items())), keep_best)
 
-  def build():
+  def compile_programs():
     init_fn, run_fn, eval_fn = _bucket_functions(spec, mesh, chunk, keep_best)
     abstract_state = abstract_bucket_state(spec, mesh, inputs, keep_best)
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=parallel.replicated_sharding(mesh))
@@ -173,6 +178,11 @@ def _compiled(spec, mesh, inputs, chunk, options, keep_best):
       return (init_fn.lower(inputs).compile(options),
               run_fn.lower(abstract_state, inputs, scalar).compile(options),
               eval_fn.lower(abstract_state, inputs, scalar).compile(options))
+
+  def build():
+    signature = jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), inputs)
+    return program_store.load_or_build(("bucket", repr(key), repr(signature)),
+                                       list(mesh.devices.flat), compile_programs, log)
 
   return engine.cached(key, build)
 
@@ -223,7 +233,7 @@ def restore_state(restore, target, sharding, **kwargs):
 def _auto_chunk(spec, mesh, inputs, memory_fraction, log, options, keep_best):
   size = inputs.num_train.shape[0]
   # The unchunked program is compiled anyway when it fits, so measuring it costs nothing then.
-  _, run, _ = _compiled(spec, mesh, inputs, None, options, keep_best)
+  _, run, _ = _compiled(spec, mesh, inputs, None, options, keep_best, log)
   memory = parallel.compiled_memory_bytes(run)
   temp, fixed = memory if memory else (0, 0)
   per_device = size // parallel.num_replica_shards(mesh)
