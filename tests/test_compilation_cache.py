@@ -46,6 +46,20 @@ def test_switched_off_by_the_environment(value):
   assert compilation_cache.enable({compilation_cache.ENV: value}) is None
 
 
+def test_program_store_off_by_its_variable_with_the_cache_on(monkeypatch, tmp_path):
+  previous = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+  try:
+    monkeypatch.setenv(compilation_cache.PROGRAM_STORE_ENV, "1")
+    assert program_store.directory() == str(tmp_path / program_store.STORE_DIR)
+    monkeypatch.setenv(compilation_cache.PROGRAM_STORE_ENV, "0")
+    assert program_store.directory() is None
+    built = program_store.load_or_build("key", jax.devices()[:1], lambda: ("built",))
+  finally:
+    jax.config.update("jax_compilation_cache_dir", previous)
+  assert built == ("built",) and not os.listdir(tmp_path)
+
+
 def _entries(directory):
   return set(os.listdir(directory)) if os.path.isdir(directory) else set()
 
@@ -56,6 +70,7 @@ def test_second_sweep_loads_every_program_from_the_cache(tmp_path):
              PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
   env[compilation_cache.ENV] = "1"
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env.pop(compilation_cache.PROGRAM_STORE_ENV, None)
   cache = compilation_cache.cache_dir(env)
 
   def sweep(workdir):

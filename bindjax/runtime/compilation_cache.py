@@ -5,6 +5,7 @@ The commands that compile training and fitting programs (`train`, `sweep`, `bind
 $XDG_CACHE_HOME/bindjax/jax_cache (~/.cache/bindjax/jax_cache), so a rerun, a resumed run or
 the same models in another workdir load their programs instead of compiling them again.
 BINDJAX_COMPILATION_CACHE=0 turns it off; a JAX_COMPILATION_CACHE_DIR set by the user wins.
+BINDJAX_PROGRAM_STORE=0 keeps the cache and turns off only the program store beside it.
 It is a process-wide JAX setting, so only commands turn it on, never an import of bindjax.
 """
 import os
@@ -12,7 +13,14 @@ import os
 import jax
 
 ENV = "BINDJAX_COMPILATION_CACHE"
+PROGRAM_STORE_ENV = "BINDJAX_PROGRAM_STORE"
 _OFF = ("0", "false", "no", "off")
+
+
+def switched_off(name, environ=None):
+  """Whether the environment variable `name` turns its feature off (0, false, no or off)."""
+  environ = os.environ if environ is None else environ
+  return environ.get(name, "1").strip().lower() in _OFF
 
 
 def cache_dir(environ=None):
@@ -26,7 +34,7 @@ def enable(environ=None):
   """Turns the persistent cache on (unless BINDJAX_COMPILATION_CACHE is 0); returns its
   directory, or None when it is off."""
   environ = os.environ if environ is None else environ
-  if environ.get(ENV, "1").strip().lower() in _OFF:
+  if switched_off(ENV, environ):
     return None
   directory = jax.config.jax_compilation_cache_dir or cache_dir(environ)
   jax.config.update("jax_compilation_cache_dir", directory)

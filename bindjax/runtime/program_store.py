@@ -9,7 +9,9 @@ jaxlib versions, the devices, XLA_FLAGS and JAX's settings. Any change to those 
 a stored entry that cannot be read is compiled again and replaced; the store only saves time.
 
 It lives beside the compilation cache (`<cache dir>/bindjax_programs`) and is used only when that
-cache is on and the run is a single process. Entries are read with an unpickler that resolves
+cache is on, the run is a single process and BINDJAX_PROGRAM_STORE is not 0. The key holds
+bindjax's source files, not the functions a process runs: code that patches bindjax at run time
+(a test's monkeypatch, a notebook's) must turn the store off. Entries are read with an unpickler that resolves
 only the classes of jax, jaxlib, numpy, flax, optax and bindjax and a few builtins (what the
 programs and their argument trees are made of).
 """
@@ -24,6 +26,8 @@ import jax
 import jaxlib
 from jax.experimental import serialize_executable
 
+from bindjax.runtime import compilation_cache
+
 STORE_DIR = "bindjax_programs"
 SUFFIX = ".programs"
 # JAX settings that do not change a compiled program (and vary between runs of one program).
@@ -34,10 +38,11 @@ _ALLOWED_BUILTINS = {"tuple", "list", "dict", "set", "frozenset", "slice", "comp
 
 
 def directory():
-  """The store's folder, or None when programs are not stored (the compilation cache is off, or
-  the run spans several processes)."""
+  """The store's folder, or None when programs are not stored (the compilation cache is off, the
+  run spans several processes, or BINDJAX_PROGRAM_STORE is 0)."""
   cache = jax.config.jax_compilation_cache_dir
-  if not cache or jax.process_count() > 1:
+  if (not cache or jax.process_count() > 1 or
+      compilation_cache.switched_off(compilation_cache.PROGRAM_STORE_ENV)):
     return None
   return os.path.join(cache, STORE_DIR)
 
