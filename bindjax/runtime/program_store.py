@@ -11,9 +11,9 @@ a stored entry that cannot be read is compiled again and replaced; the store onl
 It lives beside the compilation cache (`<cache dir>/bindjax_programs`) and is used only when that
 cache is on, the run is a single process and BINDJAX_PROGRAM_STORE is not 0. The key holds
 bindjax's source files, not the functions a process runs: code that patches bindjax at run time
-(a test's monkeypatch, a notebook's) must turn the store off. Entries are read with an unpickler that resolves
-only the classes of jax, jaxlib, numpy, flax, optax and bindjax and a few builtins (what the
-programs and their argument trees are made of).
+(a test's monkeypatch, a notebook's) must turn the store off. Entries are read with an
+unpickler that resolves only the classes of jax, jaxlib, numpy, flax, optax and bindjax and a
+few builtins (what the programs and their argument trees are made of).
 """
 import functools
 import hashlib
