@@ -16,6 +16,7 @@ import pytest
 from bindjax.base import files
 from bindjax.commands import flags
 from bindjax.runtime import parallel
+from bindjax.runtime import program_store
 from bindjax.runtime import xla_options
 from bindjax.training import bucket_programs
 from bindjax.training import grid
@@ -528,6 +529,27 @@ def test_auto_chunk_keeps_each_cores_replicas_within_its_cache_share(monkeypatch
   assert auto_chunk(None) == (None, [])
   chunk, logged = auto_chunk(1)  # nothing fits: one replica per device at a time
   assert chunk == 8 and "cache share per core" in logged[0]
+
+
+def test_an_automatically_chunked_bucket_stores_one_set_of_programs(monkeypatch):
+  # One process may load one stored set of a bucket's programs (on XLA:CPU a second set loaded
+  # beside it fails when it runs), so only the unchunked set, built to measure, goes through
+  # the store.
+  _, (bucket,) = grid.expand_grid(tiny_config())
+  mesh = parallel.make_mesh()
+  inputs_np, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), 24)
+  inputs = parallel.shard_replicas(inputs_np, mesh)  # 24 replicas, 3 per device
+  monkeypatch.setattr(parallel, "cpu_cache_bytes_per_core", lambda: 1)
+  stored = []
+
+  def load_or_build(key, devices, build, log=None):
+    del devices, log
+    stored.append(key)
+    return build()
+
+  monkeypatch.setattr(program_store, "load_or_build", load_or_build)
+  chunk = bucket_programs.compile_bucket(bucket.spec, mesh, inputs, fast_compile=True)[-1]
+  assert chunk == 8 and len(stored) == 1
 
 
 @pytest.mark.parametrize("metric", ["accuracy", "binding"])

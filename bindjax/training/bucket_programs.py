@@ -159,12 +159,17 @@ def compile_bucket(spec, mesh, inputs, chunk_setting=parallel.AUTO,
   spec = spec.program
   options = xla_options.compiler_options(engine.platform(mesh), fast_compile)
   chunk = parallel.chunk_setting(chunk_setting, "config.sweep.chunk_size")
+  # One process may load one stored set of a bucket's programs: on XLA:CPU (jax 0.10.2) a second
+  # set, loaded beside the first, fails when it runs ("Function wrapped_broadcast.4 not found").
+  # Automatic chunking has already built the unchunked set, so a chunked set is compiled afresh.
+  store = True
   if chunk == parallel.AUTO:
     chunk = _auto_chunk(spec, mesh, inputs, memory_fraction, log, options, keep_best)
-  return _compiled(spec, mesh, inputs, chunk, options, keep_best, log) + (chunk,)
+    store = chunk is None
+  return _compiled(spec, mesh, inputs, chunk, options, keep_best, log, store) + (chunk,)
 
 
-def _compiled(spec, mesh, inputs, chunk, options, keep_best, log):
+def _compiled(spec, mesh, inputs, chunk, options, keep_best, log, store=True):
   size = inputs.num_train.shape[0]
   key = (spec, mesh, size, chunk, tuple(sorted((options or {}).items())), keep_best)
 
@@ -180,6 +185,8 @@ def _compiled(spec, mesh, inputs, chunk, options, keep_best, log):
               eval_fn.lower(abstract_state, inputs, scalar).compile(options))
 
   def build():
+    if not store:
+      return compile_programs()
     signature = jax.tree.map(lambda x: (x.shape, x.dtype, x.sharding), inputs)
     return program_store.load_or_build(("bucket", repr(key), repr(signature)),
                                        list(mesh.devices.flat), compile_programs, log)
