@@ -20,7 +20,7 @@ def test_learning_time_models_have_the_read_out_their_names_say():
   """A grid model sets only the fields it lists, over the cpu preset's product read-out: a
   model without "product" in its name must have none."""
   bench = _benchmark("binding_learning_time")
-  args = argparse.Namespace(sizes=[4], models=sorted(bench.MODELS), seeds=1,
+  args = argparse.Namespace(sizes=[4], concepts=2, models=sorted(bench.MODELS), seeds=1,
                             learning_rates=[1e-3], weight_decays=[0.1], swaps_per_scene=1,
                             steps=10, eval_every=5)
   _, buckets = grid.expand_grid(bench.make_config(args))
@@ -49,6 +49,23 @@ def test_learning_time_law_recovers_a_planted_power_and_checks_the_sizes_left_ou
                          "table": [], "laws": laws})
   assert "not reached by step 40,000, which is consistent with it" in text
   assert "not reached by step 60,000, which contradicts it" in text
+
+
+def test_learning_time_runs_c_concepts_and_keeps_each_c_its_own_law():
+  """--concepts=3 expands to C = 3 spaces; a law in |O| is fitted within one C, so |O| = 64 at
+  C = 2 and C = 3 are two configurations."""
+  bench = _benchmark("binding_learning_time")
+  args = argparse.Namespace(sizes=[4, 5], concepts=3, models=["cpu"], seeds=1,
+                            learning_rates=[3e-3], weight_decays=[0.03], swaps_per_scene=1,
+                            steps=10, eval_every=5)
+  _, buckets = grid.expand_grid(bench.make_config(args))
+  assert sorted(b.replicas[0].space_size for b in buckets) == [64, 125]
+  table = [{"model": "m", "concepts": c, "space_size": n, "steps_to_target": scale * n,
+            "final_step": 1e6} for c, scale, sizes in ((2, 10, (16, 64)), (3, 5, (27, 64)))
+           for n in sizes]
+  laws = bench.fit_laws(table, extrapolate=(100,))
+  assert sorted(laws) == ["m", "m, C = 3"]
+  assert [round(law["extrapolated"]["100"]) for law in laws.values()] == [1000, 500]
 
 
 def test_learning_time_laws_keep_optimiser_settings_apart():

@@ -59,7 +59,7 @@ MODELS = {
 def make_config(args):
   """The sweep config of the benchmark's grid."""
   config = bj_flags.load_config(os.path.join(REPO, "experiments", "coverage_sweep.py") + ":cpu")
-  config.grid.spaces = tuple((2, v) for v in args.sizes)
+  config.grid.spaces = tuple((args.concepts, v) for v in args.sizes)
   config.grid.coverages = (1.0,)
   config.grid.seeds = tuple(range(args.seeds))
   config.grid.learning_rates = tuple(args.learning_rates)
@@ -81,16 +81,16 @@ def learning_times(rows, target, run=0):
   curves = collections.defaultdict(lambda: collections.defaultdict(list))
   for row in rows:
     if row.get(results.KIND) == "eval" and row.get(binding) is not None:
-      key = (row[results.SPACE_SIZE], row[results.MODEL], row[results.LEARNING_RATE],
-             row[results.WEIGHT_DECAY])
+      key = (row[results.SPACE_SIZE], row[results.NUM_CONCEPTS], row[results.MODEL],
+             row[results.LEARNING_RATE], row[results.WEIGHT_DECAY])
       curves[key][row[results.STEP]].append(row)
   table = []
-  for (size, model, lr, wd), by_step in sorted(curves.items()):
+  for (size, concepts, model, lr, wd), by_step in sorted(curves.items()):
     steps = sorted(by_step)
     mean = {s: sum(r[binding] for r in by_step[s]) / len(by_step[s]) for s in steps}
     acc2 = {s: sum(r[accuracy] for r in by_step[s]) / len(by_step[s]) for s in steps}
     reached = [s for s in steps if mean[s] >= target]
-    table.append({"space_size": size, "model": model, "run": run,
+    table.append({"space_size": size, "concepts": concepts, "model": model, "run": run,
                   "learning_rate": lr, "weight_decay": wd,
                   "seeds": len(by_step[steps[-1]]),
                   "steps_to_target": reached[0] if reached else None,
@@ -101,11 +101,15 @@ def learning_times(rows, target, run=0):
 
 
 def configuration(entry):
-  """The name of an entry's training configuration: its model, and its learning rate and
-  weight decay where the entry records them."""
+  """The name of an entry's training configuration: its model, its learning rate and weight
+  decay where the entry records them, and its number of concepts C where that is not 2 (a law
+  in |O| is fitted within one C)."""
+  name = entry["model"]
+  if entry.get("concepts", 2) != 2:
+    name += f", C = {entry['concepts']}"
   if "learning_rate" not in entry:
-    return entry["model"]
-  return f"{entry['model']} (lr {entry['learning_rate']:g}, wd {entry['weight_decay']:g})"
+    return name
+  return f"{name} (lr {entry['learning_rate']:g}, wd {entry['weight_decay']:g})"
 
 
 def fit_laws(table, extrapolate=(400, 2500)):
@@ -195,7 +199,8 @@ def plot(table, target, path):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--sizes", default="4,6,10,20",
-                      help="comma list of V (C = 2, so |O| = V^2)")
+                      help="comma list of V, so |O| = V^C")
+  parser.add_argument("--concepts", type=int, default=2, help="C, concepts per object")
   parser.add_argument("--models", default="cpu,cpu_product", help=f"of {sorted(MODELS)}")
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--eval_every", type=int, default=250)
