@@ -1,21 +1,13 @@
-"""Test session set-up: 8 fake CPU devices so sharded code is exercised on any machine; XLA's
-cheap-compile options for every program (the tests check what programs compute, not how fast the
-compiled code runs); no persistent compilation cache for the commands tests run in-process (it
-is a process-wide JAX setting, and the user's cache is not the tests' to fill); and `memory_fs`,
-an in-memory file system standing in for gs://."""
+"""Test session set-up: 8 fake CPU devices so sharded code is exercised on any machine, and no
+persistent compilation cache for the commands tests run in-process (it is a process-wide JAX
+setting, and the user's cache is not the tests' to fill); and `memory_fs`, an in-memory file
+system standing in for gs://."""
 import os
 
 import pytest
 
-from bindjax.runtime import xla_options
-
-DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
-# Compiling is most of the suite's time: these options make XLA:CPU compiles several times
-# cheaper (bindjax/runtime/xla_options.py). Subprocesses that inherit the environment get them too.
-FAST_COMPILE_FLAGS = " ".join(f"--{name}={str(value).lower()}"
-                              for name, value in xla_options.FAST_COMPILE_OPTIONS.items())
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", ""), DEVICES_FLAG, FAST_COMPILE_FLAGS]).strip()
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["BINDJAX_COMPILATION_CACHE"] = "0"
 
@@ -23,13 +15,6 @@ import fsspec  # noqa: E402
 from etils.epath import backend as epath_backend  # noqa: E402
 from etils.epath import gpath as epath_gpath  # noqa: E402
 import jax  # noqa: E402  (after the environment it reads)
-
-
-@pytest.fixture
-def child_env():
-  """The environment for a subprocess that chooses its own device count: this process's, with
-  XLA_FLAGS holding the cheap-compile options but not the 8 fake devices."""
-  return dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"].replace(DEVICES_FLAG, "").strip())
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -13,8 +13,8 @@ SCRIPT = os.path.join(REPO, "experiments", "benchmarks", "device_sweep.sh")
 
 @pytest.mark.slow
 def test_cpu_fallback_measures_throughput_runs_the_quick_sweep_and_its_binding_fits(
-    tmp_path, child_env):
-  env = dict(child_env)
+    tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(DEVICE_SWEEP_CPU="1", OUT=str(tmp_path), PYTHON=sys.executable,
              BINDJAX_COMPILATION_CACHE="0")
   done = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
@@ -42,8 +42,8 @@ def test_cpu_fallback_measures_throughput_runs_the_quick_sweep_and_its_binding_f
 
 
 @pytest.mark.slow
-def test_cpu_fallback_of_the_learning_time_stage_tabulates_its_rows(tmp_path, child_env):
-  env = dict(child_env)
+def test_cpu_fallback_of_the_learning_time_stage_tabulates_its_rows(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(DEVICE_SWEEP_CPU="1", OUT=str(tmp_path), PYTHON=sys.executable,
              BINDJAX_COMPILATION_CACHE="0", LT_SEEDS="2")
   done = subprocess.run(["bash", SCRIPT, "learning_time"], env=env, capture_output=True,
@@ -56,9 +56,8 @@ def test_cpu_fallback_of_the_learning_time_stage_tabulates_its_rows(tmp_path, ch
 
 
 @pytest.mark.slow
-def test_cpu_fallback_of_the_plain400_stage_sizes_the_sweep_and_brings_back_its_rows(tmp_path,
-                                                                                     child_env):
-  env = dict(child_env)
+def test_cpu_fallback_of_the_plain400_stage_sizes_the_sweep_and_brings_back_its_rows(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(DEVICE_SWEEP_CPU="1", OUT=str(tmp_path / "out"), PYTHON=sys.executable,
              BINDJAX_COMPILATION_CACHE="0", PLAIN_WORKDIR=str(tmp_path / "work"))
   done = subprocess.run(["bash", SCRIPT, "plain400"], env=env, capture_output=True, text=True,

@@ -2,7 +2,6 @@
 import dataclasses
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -373,10 +372,8 @@ def _checkpointed_state(workdir, step):
 
 
 def _env(devices):
-  """This process's environment (conftest's XLA options included) with `devices` CPU devices."""
   env = dict(os.environ)
-  env["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+",
-                            f"--xla_force_host_platform_device_count={devices}", env["XLA_FLAGS"])
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "tests")] +
                                       env.get("PYTHONPATH", "").split(os.pathsep))

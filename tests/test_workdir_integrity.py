@@ -638,8 +638,9 @@ def test_fault_injection_kill_and_damage_then_resume_equals_an_uninterrupted_run
   where, n = rng.choice(_KILL_POINTS)
   damage = rng.choice(_DAMAGE)
   workdir = str(tmp_path / "faulty")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
-      [REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
+                 [REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
   env.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path.parent / "fault_injection_jax_cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
