@@ -25,6 +25,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_ff1024_100 --workdir=runs/cpu_plain_ff1024_100
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c3_64_wd03 --workdir=runs/cpu_plain_c3_64_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c3_27_wd03 --workdir=runs/cpu_plain_c3_27_wd03
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c4_81_wd03 --workdir=runs/cpu_plain_c4_81_wd03
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -96,6 +97,11 @@ Presets (the ARG after the colon):
              cpu_plain_c3_64_wd03 at |O| = 27 (C = 3, V = 3), same grid, seeds and steps: a
              second C = 3 size, where the plain law with a term in C and the laws in |O| alone
              predict apart (docs/findings/scaling_law.md).
+  cpu_plain_c4_81_wd03
+             cpu_plain_c3_64_wd03 at |O| = 81 (C = 4, V = 3), coverage 0.1, 0.2, 0.3, 0.5, 0.7,
+             0.9 × 4 seeds: the first plain size past 64 these towers bind (learning_time.md),
+             where the plain law with a term in C (about 0.41) and the laws in |O| alone (about
+             0.63) predict apart; the grid reaches down to the lower prediction's range.
   cpu_plain_36_wd03
              cpu_plain_36 (its 60 replicas, grid, seeds and 5,000 steps) with weight decay
              0.03: does the lever that lifted every seed at |O| = 64's top coverage give a
@@ -171,7 +177,7 @@ PLAIN_LAW_PRESETS = {"cpu_plain_law": ((2, 5), (2, 8)), "cpu_product_64": ((2, 8
                      "cpu_plain_64_wd03": ((2, 8),), "cpu_plain_64_wd03_low": ((2, 8),),
                      "cpu_plain_49_wd03": ((2, 7),), "cpu_plain_64_wd03_60": ((2, 8),),
                      "cpu_product_64_wd03": ((2, 8),), "cpu_plain_c3_64_wd03": ((3, 4),),
-                     "cpu_plain_c3_27_wd03": ((3, 3),)}
+                     "cpu_plain_c3_27_wd03": ((3, 3),), "cpu_plain_c4_81_wd03": ((4, 3),)}
 # Plain towers with d_ff 1,024 (cpu_plain_law's |O| = 64 half, one width changed), per preset
 # its object space and steps.
 PLAIN_FF1024_PRESETS = {"cpu_plain_ff1024_64": ((2, 8), 10000),
@@ -244,6 +250,7 @@ def get_config(arg="smoke"):
                         "cpu_plain_49_wd03": (0.2,) + CPU_COVERAGES,
                         "cpu_plain_c3_64_wd03": (0.2,) + CPU_COVERAGES,
                         "cpu_plain_c3_27_wd03": (0.2,) + CPU_COVERAGES,
+                        "cpu_plain_c4_81_wd03": (0.1, 0.2, 0.3, 0.5, 0.7, 0.9),
                         "cpu_product_64_wd03": (0.2,) + CPU_COVERAGES,
                         "cpu_plain_64_wd03_60": PLAIN_64_COVERAGES}.get(arg, CPU_COVERAGES)
     c.grid.seeds = (0, 1, 2, 3, 4) if arg == "cpu_plain_64_wd03_60" else (0, 1, 2, 3)
@@ -289,7 +296,8 @@ def get_config(arg="smoke"):
                      "cpu_plain_36, cpu_plain_law, cpu_product_64, cpu_plain_64_wd03, "
                      "cpu_plain_64_wd03_low, cpu_plain_49_wd03, cpu_plain_64_wd03_60, "
                      "cpu_product_64_wd03, cpu_plain_36_wd03, cpu_plain_ff1024_64, "
-                     "cpu_plain_ff1024_100, cpu_plain_c3_64_wd03, cpu_plain_c3_27_wd03, gpu_plain_400, gpu_quick, "
+                     "cpu_plain_ff1024_100, cpu_plain_c3_64_wd03, cpu_plain_c3_27_wd03, "
+                     "cpu_plain_c4_81_wd03, gpu_plain_400, gpu_quick, "
                      "paper "
                      "or paper_20m")
   return c
