@@ -26,6 +26,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c3_64_wd03 --workdir=runs/cpu_plain_c3_64_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c3_27_wd03 --workdir=runs/cpu_plain_c3_27_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c4_81_wd03 --workdir=runs/cpu_plain_c4_81_wd03
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_product_c4_81_wd03 --workdir=runs/cpu_product_c4_81_wd03
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -102,6 +103,9 @@ Presets (the ARG after the colon):
              0.9 × 4 seeds: the first plain size past 64 these towers bind (learning_time.md),
              where the plain law with a term in C (about 0.41) and the laws in |O| alone (about
              0.63) predict apart; the grid reaches down to the lower prediction's range.
+  cpu_product_c4_81_wd03
+             cpu_plain_c4_81_wd03 with the product read-out in both towers: beside it, the
+             read-out is the only difference (as cpu_product_64_wd03 beside cpu_plain_64_wd03).
   cpu_plain_36_wd03
              cpu_plain_36 (its 60 replicas, grid, seeds and 5,000 steps) with weight decay
              0.03: does the lever that lifted every seed at |O| = 64's top coverage give a
@@ -177,7 +181,10 @@ PLAIN_LAW_PRESETS = {"cpu_plain_law": ((2, 5), (2, 8)), "cpu_product_64": ((2, 8
                      "cpu_plain_64_wd03": ((2, 8),), "cpu_plain_64_wd03_low": ((2, 8),),
                      "cpu_plain_49_wd03": ((2, 7),), "cpu_plain_64_wd03_60": ((2, 8),),
                      "cpu_product_64_wd03": ((2, 8),), "cpu_plain_c3_64_wd03": ((3, 4),),
-                     "cpu_plain_c3_27_wd03": ((3, 3),), "cpu_plain_c4_81_wd03": ((4, 3),)}
+                     "cpu_plain_c3_27_wd03": ((3, 3),), "cpu_plain_c4_81_wd03": ((4, 3),),
+                     "cpu_product_c4_81_wd03": ((4, 3),)}
+# |O| = 81 at C = 4: down to 0.1, where the plain law with a term in C put rho* near 0.4.
+C4_81_COVERAGES = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 # Plain towers with d_ff 1,024 (cpu_plain_law's |O| = 64 half, one width changed), per preset
 # its object space and steps.
 PLAIN_FF1024_PRESETS = {"cpu_plain_ff1024_64": ((2, 8), 10000),
@@ -244,13 +251,14 @@ def get_config(arg="smoke"):
                        weight_decay=0.03 if arg == "cpu_plain_36_wd03" else 0.0)
     c.num_steps = 5000
   elif arg in PLAIN_LAW_PRESETS:
-    product = arg.startswith("cpu_product_64")
+    product = arg.startswith("cpu_product")
     c.grid.spaces = PLAIN_LAW_PRESETS[arg]
     c.grid.coverages = {"cpu_plain_64_wd03_low": (0.2,),
                         "cpu_plain_49_wd03": (0.2,) + CPU_COVERAGES,
                         "cpu_plain_c3_64_wd03": (0.2,) + CPU_COVERAGES,
                         "cpu_plain_c3_27_wd03": (0.2,) + CPU_COVERAGES,
-                        "cpu_plain_c4_81_wd03": (0.1, 0.2, 0.3, 0.5, 0.7, 0.9),
+                        "cpu_plain_c4_81_wd03": C4_81_COVERAGES,
+                        "cpu_product_c4_81_wd03": C4_81_COVERAGES,
                         "cpu_product_64_wd03": (0.2,) + CPU_COVERAGES,
                         "cpu_plain_64_wd03_60": PLAIN_64_COVERAGES}.get(arg, CPU_COVERAGES)
     c.grid.seeds = (0, 1, 2, 3, 4) if arg == "cpu_plain_64_wd03_60" else (0, 1, 2, 3)
@@ -297,7 +305,7 @@ def get_config(arg="smoke"):
                      "cpu_plain_64_wd03_low, cpu_plain_49_wd03, cpu_plain_64_wd03_60, "
                      "cpu_product_64_wd03, cpu_plain_36_wd03, cpu_plain_ff1024_64, "
                      "cpu_plain_ff1024_100, cpu_plain_c3_64_wd03, cpu_plain_c3_27_wd03, "
-                     "cpu_plain_c4_81_wd03, gpu_plain_400, gpu_quick, "
+                     "cpu_plain_c4_81_wd03, cpu_product_c4_81_wd03, gpu_plain_400, gpu_quick, "
                      "paper "
                      "or paper_20m")
   return c

@@ -49,6 +49,7 @@ SWEEPS = {
     "cpu_plain_c3_27_wd03": ((27,), 6, 4, 10000, False),
     "cpu_plain_c4_81_wd03": ((81,), 6, 4, 10000, False),
     "cpu_product_64_wd03": ((64,), 6, 4, 10000, True),
+    "cpu_product_c4_81_wd03": ((81,), 6, 4, 10000, True),
     "cpu_plain_ff1024_64": ((64,), 5, 4, 10000, False),
     "cpu_plain_ff1024_100": ((100,), 5, 4, 15000, False),
     "gpu_plain_400": ((400,), 8, 4, 40000, False),
@@ -90,6 +91,7 @@ PAIRED = {
     "cpu_plain_c3_27_wd03": ("cpu_plain_c3_64_wd03", {"grid.spaces"}),
     "cpu_plain_c4_81_wd03": ("cpu_plain_c3_64_wd03", {"grid.spaces", "grid.coverages"}),
     "cpu_product_64_wd03": ("cpu_plain_64_wd03", {"model.product_readout", "grid.coverages"}),
+    "cpu_product_c4_81_wd03": ("cpu_plain_c4_81_wd03", {"model.product_readout"}),
     "cpu_plain_ff1024_64": ("cpu_plain_law", {"model.d_ff", "grid.spaces"}),
     "cpu_plain_ff1024_100": ("cpu_plain_ff1024_64", {"grid.spaces", "num_steps"}),
 }
