@@ -22,7 +22,7 @@ def test_learning_time_models_have_the_read_out_their_names_say():
   bench = _benchmark("binding_learning_time")
   args = argparse.Namespace(sizes=[4], concepts=2, models=sorted(bench.MODELS), seeds=1,
                             learning_rates=[1e-3], weight_decays=[0.1], swaps_per_scene=1,
-                            steps=10, eval_every=5)
+                            steps=10, eval_every=5, fast_compile=False)
   _, buckets = grid.expand_grid(bench.make_config(args))
   readouts = {b.replicas[0].model: b.spec.model.product_readout for b in buckets}
   assert readouts == {name: ("none" if "product" not in name else
@@ -57,7 +57,7 @@ def test_learning_time_runs_c_concepts_and_keeps_each_c_its_own_law():
   bench = _benchmark("binding_learning_time")
   args = argparse.Namespace(sizes=[4, 5], concepts=3, models=["cpu"], seeds=1,
                             learning_rates=[3e-3], weight_decays=[0.03], swaps_per_scene=1,
-                            steps=10, eval_every=5)
+                            steps=10, eval_every=5, fast_compile=False)
   _, buckets = grid.expand_grid(bench.make_config(args))
   assert sorted(b.replicas[0].space_size for b in buckets) == [64, 125]
   table = [{"model": "m", "concepts": c, "space_size": n, "steps_to_target": scale * n,

@@ -13,6 +13,11 @@ from bindjax.core import layers
 from bindjax.core import model_config
 from bindjax.core import models
 from bindjax.core import world
+from bindjax.runtime import xla_options
+
+# Tiny programs whose compile is most of their cost: XLA's cheaper CPU compile options.
+jit = functools.partial(
+    jax.jit, compiler_options=xla_options.compiler_options("cpu", fast_compile=True))
 
 # Tiny world: C=2, V=4 -> concept tokens 0..7, SOO 8, EOO 9, EOS 10, PAD 11; K=2.
 SOO, EOO, EOS, PAD = 8, 9, 10, 11
@@ -35,7 +40,7 @@ def _params(config):
   return models.init_params(jax.random.key(0), config)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
+@functools.partial(jit, static_argnums=(0, 3))
 def _encode(config, params, tokens, method="encode_scenes"):
   model = models.DualEncoder(config)
   return model.apply({"params": params}, tokens, method=getattr(models.DualEncoder, method))
@@ -179,8 +184,8 @@ def test_causal_mask_only_in_clip_and_readout_row(variant, causal):
   block = layers.Block(config)
   x = jax.random.normal(jax.random.key(5), (3, 9, D))
   valid = jnp.ones((3, 9), bool)
-  params = jax.jit(block.init)(jax.random.key(6), x, valid)
-  apply = jax.jit(block.apply)
+  params = jit(block.init)(jax.random.key(6), x, valid)
+  apply = jit(block.apply)
   y = apply(params, x, valid)
   shift = jax.random.normal(jax.random.key(31), (D,))  # not constant: LayerNorm removes that
   y_changed = apply(params, x.at[:, 4:].add(shift), valid)
@@ -210,7 +215,7 @@ def test_dual_encoder_shapes_and_cosine_logits():
   qn = np.asarray(q) / (1e-6 + np.linalg.norm(q, axis=-1, keepdims=True))
   np.testing.assert_allclose(logits, math.exp(1.15) * zn @ qn.T, rtol=1e-5, atol=1e-6)
   # __call__ gives both towers.
-  z2, q2 = jax.jit(models.DualEncoder(TINY).apply)({"params": params}, SCENES, QUERIES)
+  z2, q2 = jit(models.DualEncoder(TINY).apply)({"params": params}, SCENES, QUERIES)
   np.testing.assert_allclose(z2, z, atol=1e-5)
   np.testing.assert_allclose(q2, q, atol=1e-5)
 
@@ -245,7 +250,7 @@ def test_jit_vmap_over_replicas_and_gradients():
     z, q = model.apply({"params": params}, SCENES, QUERIES)
     return model.apply({"params": params}, z, q, 10.0, method=models.DualEncoder.logits).sum()
 
-  grads_R = jax.jit(jax.vmap(jax.grad(loss)))(params_R)
+  grads_R = jit(jax.vmap(jax.grad(loss)))(params_R)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads_R))
   assert float(jnp.abs(grads_R["tau"]).min()) > 0
   kernel_R = grads_R["scene_tower"]["blocks"]["attn"]["qkv"]["kernel"]
@@ -275,9 +280,9 @@ def test_scanned_towers_match_per_layer_towers(config):
     logits = model.apply({"params": params}, z, q, 10.0, method=models.DualEncoder.logits)
     return jnp.sum(jnp.sin(logits)), (z, q)
 
-  (value, outputs), grads = jax.jit(jax.value_and_grad(loss, argnums=1, has_aux=True),
+  (value, outputs), grads = jit(jax.value_and_grad(loss, argnums=1, has_aux=True),
                                     static_argnums=0)(per_layer, params)
-  (value_s, outputs_s), grads_s = jax.jit(jax.value_and_grad(loss, argnums=1, has_aux=True),
+  (value_s, outputs_s), grads_s = jit(jax.value_and_grad(loss, argnums=1, has_aux=True),
                                           static_argnums=0)(config, stacked)
   np.testing.assert_allclose(value_s, value, rtol=1e-5)
   for a, b in zip(outputs_s, outputs):

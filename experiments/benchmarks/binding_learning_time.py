@@ -70,6 +70,7 @@ def make_config(args):
   config.eval.every = args.eval_every
   config.checkpoint.every = args.steps
   config.log_every = args.eval_every
+  config.sweep.fast_compile = args.fast_compile
   return config
 
 
@@ -211,6 +212,9 @@ def main():
   parser.add_argument("--swaps_per_scene", type=int, default=1,
                       help="swap negatives per scene: the only negatives that need binding")
   parser.add_argument("--target", type=float, default=0.9)
+  parser.add_argument("--fast_compile", action="store_true",
+                      help="as config.sweep.fast_compile: cheaper XLA:CPU compiles of slower "
+                           "code, for runs that check the script, not the learning time")
   parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "binding_learning_time"))
   parser.add_argument("--out", default=os.path.join(RESULTS, "binding_learning_time"))
   parser.add_argument("--tabulate", default=None, metavar="RESULTS_JSONL[,...]",
@@ -250,8 +254,10 @@ def main():
   devices = jax.devices()
   result = {
       "command": "python experiments/benchmarks/binding_learning_time.py " + " ".join(
+          f"--{k}" if v is True else
           f"--{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
-          for k, v in vars(args).items() if k not in ("workdir", "out")),
+          for k, v in vars(args).items()
+          if k not in ("workdir", "out") and v is not None and v is not False),
       "devices": f"{len(devices)} × {devices[0].device_kind} ({platform.node()})",
       "load_before": [round(x, 2) for x in load_before] if load_before else None,
       "wall_seconds": wall, "compile_seconds": done["compile_seconds"],

@@ -29,7 +29,8 @@
 # The quick stage sizes its steps from $OUT/throughput.json when there is one, else it keeps the
 # preset's step count.
 #
-# Without a GPU (or with DEVICE_SWEEP_CPU=1) the same three steps run on a tiny model in about a
+# Without a GPU (or with DEVICE_SWEEP_CPU=1) the same three steps run on a tiny model, with XLA's
+# cheaper CPU compiles (sweep.fast_compile), in about a
 # minute, which is what tests/test_device_sweep.py checks.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -62,13 +63,14 @@ if [ "${DEVICE_SWEEP_CPU:-0}" = 1 ] || [ "$(backend)" != gpu ]; then
   QUICK_SECONDS=${QUICK_SECONDS_CPU:-1}
   PLAIN_SECONDS=${PLAIN_SECONDS_CPU:-1}; PLAIN_PROBE=1; PLAIN_ROUND=10; PEAK_FP32=1
   EXTRA=(--config.grid.spaces='(2,4),' --config.grid.coverages=0.5 --config.grid.seeds=0
-         --config.eval.batches=1)
+         --config.eval.batches=1 --config.sweep.fast_compile=True)
+  FAST=(--fast_compile)
   export JAX_PLATFORMS=cpu
 else
   MODEL=paper; REPLICAS=1,8,64; STEPS=10; REPEATS=3; PRESET=gpu_quick; MIN_STEPS=100; EXTRA=()
   FITS=paper; LT_DEFAULT_SIZES=8,15,20; LT_DEFAULT_STEPS=60000; LT_DEFAULT_EVERY=1000
   LT_DEFAULT_MODELS=cpu_ff2048
-  PLAIN_SECONDS=${PLAIN_SECONDS:-210}; PLAIN_PROBE=32; PLAIN_ROUND=1000; PEAK_FP32=67
+  PLAIN_SECONDS=${PLAIN_SECONDS:-210}; PLAIN_PROBE=32; PLAIN_ROUND=1000; PEAK_FP32=67; FAST=()
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
@@ -79,7 +81,7 @@ wants() { [ "$STAGE" = all ] || [ "$STAGE" = "$1" ]; }
 if wants throughput; then
 timeout "${THROUGHPUT_SECONDS:-300}" "$PYTHON" experiments/benchmarks/sweep_throughput.py --mode=device --model=$MODEL \
   --replicas=$REPLICAS --steps=$STEPS --repeats=$REPEATS --peak_tflops="$PEAK_BF16" \
-  --dtype=bfloat16 --out="$OUT/throughput"
+  --dtype=bfloat16 --out="$OUT/throughput" "${FAST[@]}"
 fi
 
 # Steps for a sweep of preset $1 (overrides after $4): $2 seconds of training at the rate in
@@ -135,7 +137,7 @@ if [ "$STAGE" = plain400 ]; then
 PLAIN_WORK=${PLAIN_WORKDIR:-/tmp/bindjax_plain400}
 timeout "${THROUGHPUT_SECONDS:-300}" "$PYTHON" experiments/benchmarks/sweep_throughput.py \
   --mode=device --model=cpu_plain_ff1024 --replicas=$PLAIN_PROBE --steps=$STEPS \
-  --repeats=$REPEATS --peak_tflops="$PEAK_FP32" --out="$OUT/plain400_throughput"
+  --repeats=$REPEATS --peak_tflops="$PEAK_FP32" --out="$OUT/plain400_throughput" "${FAST[@]}"
 STEPS_PLAIN=$(size_steps gpu_plain_400 "$PLAIN_SECONDS" "$OUT/plain400_throughput.json" \
   "$PLAIN_ROUND" "${EXTRA[@]}")
 [ -n "$STEPS_PLAIN" ] || { echo "could not size the plain sweep"; exit 1; }
@@ -156,7 +158,7 @@ if [ "$STAGE" = learning_time ]; then
 # Plain towers' learning time at coverage 1 at sizes 2 CPU cores cannot finish;
 # a run cut by the timeout is tabulated from the rows it wrote.
 LT=(--sizes="${LT_SIZES:-$LT_DEFAULT_SIZES}" --models="${LT_MODELS:-$LT_DEFAULT_MODELS}"
-    --seeds="${LT_SEEDS:-4}" --eval_every="${LT_EVERY:-$LT_DEFAULT_EVERY}")
+    --seeds="${LT_SEEDS:-4}" --eval_every="${LT_EVERY:-$LT_DEFAULT_EVERY}" "${FAST[@]}")
 timeout "${LT_SECONDS:-420}" "$PYTHON" experiments/benchmarks/binding_learning_time.py "${LT[@]}" \
   --steps="${LT_STEPS:-$LT_DEFAULT_STEPS}" --workdir="$OUT/learning_time" --out="$OUT/learning_time" ||
   "$PYTHON" experiments/benchmarks/binding_learning_time.py "${LT[@]}" \

@@ -343,6 +343,7 @@ def device(args):
                      "| compile (s) |", "|---:|---:|---:|---:|---:|---:|---:|"]
   for replicas in args.replicas:
     config = config_for(args.model, replicas)
+    config.sweep.fast_compile = args.fast_compile
     if args.dtype:
       config.model.compute_dtype = args.dtype
     compile_seconds, run, bucket, chunk = bucket_runner(config, chunk=args.chunk)
@@ -389,6 +390,10 @@ def main(argv=None):
   parser.add_argument("--xla_defaults", action="store_true",
                       help="compile with XLA's own CPU defaults (YNNPACK fusions on) instead of "
                            "bindjax.runtime.xla_options.CPU_OPTIONS, for comparison")
+  parser.add_argument("--fast_compile", action="store_true",
+                      help="device: compile as config.sweep.fast_compile does (cheaper XLA:CPU "
+                           "compiles of slower code), for runs that check the script, not the "
+                           "rate")
   parser.add_argument("--processes", type=int, default=1,
                       help="compare: also run the sweep in this many local processes joined "
                            "by jax.distributed, each pinned to its share of the cores")
