@@ -5,8 +5,8 @@ of a sweep on its own coverage split, beside its held-out accuracy.
   bindjax binding --workdir=runs/cpu --config=experiments/binding.py:cpu --out=runs/cpu_binding
 
 Presets (the ARG after the colon):
-  smoke   for the smoke sweep: small families (mlp:32), 100 fit steps, 200 bootstrap resamples;
-          checks the machinery.
+  smoke   for the smoke sweep: small families (mlp:32), 100 fit steps with cheap compiles, 200
+          bootstrap resamples; checks the machinery.
   cpu     for the cpu sweep (experiments/coverage_sweep.py:cpu): mlp:128, 2,000 fit steps.
   paper   the default settings (bindjax.complexity.replicas.default_config()): the FitConfig
           defaults and the paper's MLP width (mlp:1024), for accelerators.
@@ -28,6 +28,7 @@ def get_config(arg="smoke"):
     c.models = f"{FAMILIES},mlp:32"
     c.fit.steps = 100
     c.fit.eval_every = 50
+    c.fit.fast_compile = True
     c.bootstrap = 200
   elif arg == "cpu":
     c.models = f"{FAMILIES},mlp:128"

@@ -7,7 +7,7 @@ fractions × seeds, fitted to one embedding set.
 
 Presets (the ARG after the colon), each on tests/data/clevr_text unless --config.embeddings says
 otherwise:
-  smoke   3 train fractions × 3 small models, 200 steps: checks the machinery.
+  smoke   3 train fractions × 3 small models, 200 steps, cheap compiles: checks the machinery.
   cpu     the paper grid at 1,000 steps.
   paper   the default settings (bindjax.complexity.analysis.default_config()): f = 0.1..0.9 ×
           {MLP 1024, product, sum+product}, lr 1e-2, the default fit of docs/complexity.md,
@@ -40,6 +40,7 @@ def get_config(arg="smoke"):
   c.embeddings = os.path.join(_REPO, "tests", "data", "clevr_text")
   if preset == "smoke":
     c.models = "mlp:64,product,sum_product"
+    c.fast_compile = True
     c.train_fractions = (0.3, 0.5, 0.7)
     c.steps = 200
     c.eval_every = 50

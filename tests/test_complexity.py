@@ -188,7 +188,7 @@ def test_chunked_and_sharded_fits_equal_one_vmap():
   probes = linear.init_weights(jax.random.PRNGKey(0), (3, 3), 9, 4, linear.ProbeConfig())
   model = families.make("sum_product", (3, 3), 2, out_dim=4, embed_dim=3)
   points = data_lib.make_points(9, [0.3, 0.5, 0.7, 0.5], [0, 1, 2, 3], [1e-2, 1e-2, 3e-3, 1e-2])
-  config = fitting.FitConfig(steps=20, eval_every=10, schedule="constant")
+  config = fitting.FitConfig(steps=20, eval_every=10, schedule="constant", fast_compile=True)
   one_device = engine.auto_mesh(1)
   whole, info = fitting.fit_models(model, data, probes, points, config, one_device, None)
   # Two devices holding two models each; a tiny memory budget forces one model per device
@@ -399,7 +399,8 @@ def test_restarts_are_reproducible():
   probes = linear.init_weights(jax.random.PRNGKey(0), (3, 3), 9, 4, linear.ProbeConfig())
   model = families.make("product", (3, 3), 2, out_dim=4, embed_dim=2)
   points = data_lib.make_points(9, [0.7, 0.7], [0, 1], [1e-2, 1e-2])
-  config = fitting.FitConfig(steps=10, eval_every=5, restarts=3, restart_steps=8)
+  config = fitting.FitConfig(steps=10, eval_every=5, restarts=3, restart_steps=8,
+                             fast_compile=True)
   first, info = fitting.fit_models(model, data, probes, points, config)
   second, again = fitting.fit_models(model, data, probes, points, config)
   assert info["restart_candidate"] == again["restart_candidate"]
@@ -407,7 +408,8 @@ def test_restarts_are_reproducible():
     np.testing.assert_array_equal(first[key], second[key])
   assert all(0 <= c < 3 for c in info["restart_candidate"]) and info["select_s"] > 0
   single, single_info = fitting.fit_models(model, data, probes, points,
-                                           fitting.FitConfig(steps=10, eval_every=5, restarts=1))
+                                           fitting.FitConfig(steps=10, eval_every=5, restarts=1,
+                                                             fast_compile=True))
   assert single_info["restart_candidate"] is None
   assert not np.allclose(single["train_loss"], first["train_loss"])
 
@@ -419,7 +421,7 @@ def test_default_restarts_are_the_familys():
   data = make_data((3, 3), objects, ids, np.random.default_rng(0).normal(size=(81, 4)))
   probes = linear.init_weights(jax.random.PRNGKey(0), (3, 3), 9, 4, linear.ProbeConfig())
   points = data_lib.make_points(9, [0.7], [0], [1e-2])
-  config = fitting.FitConfig(steps=10, eval_every=5, solver="adam")
+  config = fitting.FitConfig(steps=10, eval_every=5, solver="adam", fast_compile=True)
   tried = {}
   for family in ("additive", "mlp", "sum_product"):
     model = families.make(family, (3, 3), 2, out_dim=4, widths=(8,) if family == "mlp" else ())

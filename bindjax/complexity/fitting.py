@@ -28,6 +28,7 @@ from bindjax.complexity import fit_programs
 from bindjax.frozen.probes import linear
 from bindjax.runtime import engine
 from bindjax.runtime import parallel
+from bindjax.runtime import xla_options
 
 SCHEDULES = ("cosine", "constant")
 _BOOLS = {"true": True, "false": False}
@@ -111,6 +112,9 @@ class FitConfig:
   # coordinate solver: penalty on ‖θ‖² per coordinate, in units of its mean curvature per value
   # (docs/complexity.md, "The coordinate solver").
   solver_ridge: float = 1e-3
+  # Cheaper XLA:CPU compiles of slower code (bindjax.runtime.xla_options), for small fits whose
+  # time is mostly compiling (tests, a laptop's first look); as a sweep's `fast_compile`.
+  fast_compile: bool = False
 
   def __post_init__(self):
     # A number typed on the command line into the "auto" field arrives as a string.
@@ -285,6 +289,7 @@ class _Batch(typing.NamedTuple):
   probes: typing.Any
   own: typing.Any
   statics: dict
+  options: dict | None   # XLA compiler options of every program
 
 
 def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parallel.AUTO,
@@ -313,7 +318,10 @@ def fit_models(model, data, probes, points, config, mesh=None, chunk_size=parall
   data_r, probes_r = jax.device_put((data, probes), parallel.replicated_sharding(mesh))
   statics = {"model": model, "chunk_size": chunk_size,
              "num_shards": parallel.num_replica_shards(mesh)}
-  batch = _Batch(points_s, rows_s, valid_s, selection_s, data_r, probes_r, own_s, statics)
+  options = (xla_options.compiler_options(engine.platform(mesh), fast_compile=True)
+             if config.fast_compile else None)
+  batch = _Batch(points_s, rows_s, valid_s, selection_s, data_r, probes_r, own_s, statics,
+                 options)
   info = _batch_info(model, num_models, valid, valid_MxT, chunk_size)
   if not adam:
     return _fit_coordinates(batch, config, info, keep_params)
@@ -340,10 +348,12 @@ def _initial_state(batch, config):
   """(params, Adam state) of every model, the kept restart candidates and their errors (None
   for a single start), and the seconds the selection ran."""
   if config.restarts == 1:
-    init = engine.compile_ahead(fit_programs.init_points, batch.points, **batch.statics)
+    init = engine.compile_ahead(fit_programs.init_points, batch.points, options=batch.options,
+                                **batch.statics)
     return init(batch.points), None, 0.0
   select = engine.compile_ahead(fit_programs.select_points, batch.points, *batch.selection,
-                                batch.data, batch.own, config=config, **batch.statics)
+                                batch.data, batch.own, config=config, options=batch.options,
+                                **batch.statics)
   start = time.perf_counter()
   initial, *selected = select(batch.points, *batch.selection, batch.data, batch.own)
   selected = parallel.to_host(selected)
@@ -361,10 +371,10 @@ def _fit_adam(batch, mesh, config, info, keep_params, on_eval):
   zero = np.int32(0)
   train = engine.compile_ahead(fit_programs.train_points, batch.points, state, batch.rows,
                                batch.valid, zero, zero, batch.data, batch.own, config=config,
-                               **batch.statics)
+                               options=batch.options, **batch.statics)
   evaluate = engine.compile_ahead(fit_programs.evaluate_points, batch.points, state[0],
                                   batch.data, batch.probes, batch.own, config=config,
-                                  **batch.statics)
+                                  options=batch.options, **batch.statics)
   compile_s = time.perf_counter() - start - select_s
   state, history, train_s, eval_s = _train_and_evaluate(batch, state, train, evaluate, config,
                                                         num_models, on_eval)
@@ -420,7 +430,8 @@ def _fit_coordinates(batch, config, info, keep_params):
   num_models = info["num_models"]
   start = time.perf_counter()
   solve = engine.compile_ahead(fit_programs.solve_points, batch.points, batch.rows, batch.valid,
-                               batch.data, batch.own, config=config, **batch.statics)
+                               batch.data, batch.own, config=config, options=batch.options,
+                               **batch.statics)
   compile_s = time.perf_counter() - start
   start = time.perf_counter()
   params, loss_M, identified_M = solve(batch.points, batch.rows, batch.valid, batch.data,
@@ -429,7 +440,8 @@ def _fit_coordinates(batch, config, info, keep_params):
   train_s = time.perf_counter() - start
   start = time.perf_counter()
   evaluate = engine.compile_ahead(fit_programs.evaluate_points, batch.points, params, batch.data,
-                                  batch.probes, batch.own, config=config, **batch.statics)
+                                  batch.probes, batch.own, config=config, options=batch.options,
+                                  **batch.statics)
   compile_s += time.perf_counter() - start
   start = time.perf_counter()
   metrics = parallel.to_host(evaluate(batch.points, params, batch.data, batch.probes, batch.own))
