@@ -5,15 +5,12 @@ import os
 import pytest
 
 from bindjax.commands import flags
-from bindjax.commands import main as cli
 from bindjax.complexity import analysis
 from bindjax.complexity import fitting
 from bindjax.complexity import replicas as binding
 from bindjax.frozen.geometry import config as geometry
 from bindjax.training import grid
 from bindjax.training import run_spec
-from bindjax.workdir import layout
-from bindjax.workdir import results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -231,28 +228,3 @@ def test_the_presets_page_has_one_row_per_preset_with_its_command(name, arg, cap
   for preset in presets:
     command = rows[f"{name}.py:{preset}"]
     assert f"--config=experiments/{name}.py:{preset} " in command, (preset, command)
-
-
-# Presets added for a size not yet run, each trained for its first steps on one replica.
-NEW_SIZES = ("cpu_256_c2", "cpu_256_c4")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("preset", NEW_SIZES)
-def test_a_new_sizes_preset_runs_its_first_steps(preset, tmp_path, capsys, monkeypatch):
-  """The preset's own space, towers and optimiser, cut to one replica and two steps."""
-  workdir = tmp_path / preset
-  monkeypatch.setattr("sys.argv", ["bindjax"])
-  argv = ["sweep", f"--config={REPO}/experiments/coverage_sweep.py:{preset}",
-          f"--workdir={workdir}", "--noprogress", "--noreport", "--notensorboard",
-          "--config.grid.coverages=(0.5,)", "--config.grid.seeds=(0,)",
-          "--config.num_steps=2", "--config.eval.every=2", "--config.eval.batches=1",
-          "--config.checkpoint.every=2", "--config.log_every=1",
-          "--config.sweep.fast_compile=True"]
-  assert cli.main(argv) == 0, capsys.readouterr()
-  capsys.readouterr()
-  evals = [r for r in layout.Workdir(workdir).read_rows() if r[results.KIND] == "eval"]
-  c, v = load("coverage_sweep", preset).grid.spaces[0]
-  assert [(r[results.STEP], r[results.NUM_CONCEPTS], r[results.NUM_VALUES]) for r in evals] == [
-      (2, c, v)]
-  assert 0.0 <= evals[0][results.SELECTION_METRIC] <= 1.0

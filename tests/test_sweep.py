@@ -381,7 +381,8 @@ def _env(devices):
 
 
 @pytest.mark.slow
-def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
+def test_sigkill_and_resume_gives_identical_results(reference, tmp_path,
+                                                    shared_compilation_cache):
   """Killed right after writing step 5's rows (a torn line too), resumed from step 4."""
   _, _, rows = reference
   workdir = str(tmp_path / "killed")
@@ -400,7 +401,8 @@ def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
       results_writer.ResultsWriter.add = add_then_die
       sweep.run_sweep(test_sweep.tiny_config(), {workdir!r}, progress=False)
       """)
-  proc = subprocess.run([sys.executable, "-c", script], env=_env(8), cwd=REPO,
+  proc = subprocess.run([sys.executable, "-c", script],
+                        env=dict(_env(8), **shared_compilation_cache), cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
   assert not os.path.exists(os.path.join(workdir, layout.DONE_FILE))
@@ -493,7 +495,8 @@ def test_checkpoints_hold_the_per_layer_layout(tmp_path):
   inputs_np, _ = parallel.pad_to_multiple(bucket.stacked_inputs(), 8)
   inputs = parallel.shard_replicas(inputs_np, mesh)
   sharding = parallel.replica_sharding(mesh)
-  state = jax.jit(lambda h: bucket_programs.init_bucket_state(h, bucket.spec, True))(inputs)
+  state = jax.jit(lambda h: bucket_programs.init_bucket_state(h, bucket.spec, True),
+                  compiler_options=xla_options.compiler_options("cpu", fast_compile=True))(inputs)
   with checkpoint.Checkpoints(tmp_path / "ckpt") as ckpt:
     ckpt.save(2, bucket_programs.checkpoint_state(state, sharding))
   per_layer_spec = dataclasses.replace(
