@@ -1,8 +1,7 @@
 """Test session set-up: 8 fake CPU devices so sharded code is exercised on any machine, and no
 persistent compilation cache for the commands tests run in-process (it is a process-wide JAX
-setting, and the user's cache is not the tests' to fill), but one shared by the tiny sweeps tests
-run in subprocesses (`shared_compilation_cache`); and `memory_fs`, an in-memory file system
-standing in for gs://."""
+setting, and the user's cache is not the tests' to fill); and `memory_fs`, an in-memory file
+system standing in for gs://."""
 import os
 
 import pytest
@@ -25,21 +24,6 @@ def _release_compiled_programs():
   per-process map limit (65,530 by default) and crashed inside a compile."""
   yield
   jax.clear_caches()
-
-
-@pytest.fixture(scope="session")
-def shared_compilation_cache(tmp_path_factory):
-  """Environment variables for test subprocesses that run the same tiny sweeps: one persistent
-  compilation cache, with bindjax's program store beside it, for every such subprocess of the
-  test run (all xdist workers), so that the first compiles a program and the others load it.
-  In-process tests keep the cache off (above)."""
-  base = tmp_path_factory.getbasetemp()
-  if os.environ.get("PYTEST_XDIST_WORKER"):
-    base = base.parent   # the run's folder, above every worker's own
-  return {"BINDJAX_COMPILATION_CACHE": "1",
-          "JAX_COMPILATION_CACHE_DIR": str(base / "subprocess_jax_cache"),
-          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
 # The bucket the memory_fs fixture serves from memory.

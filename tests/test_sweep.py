@@ -381,8 +381,7 @@ def _env(devices):
 
 
 @pytest.mark.slow
-def test_sigkill_and_resume_gives_identical_results(reference, tmp_path,
-                                                    shared_compilation_cache):
+def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
   """Killed right after writing step 5's rows (a torn line too), resumed from step 4."""
   _, _, rows = reference
   workdir = str(tmp_path / "killed")
@@ -401,8 +400,7 @@ def test_sigkill_and_resume_gives_identical_results(reference, tmp_path,
       results_writer.ResultsWriter.add = add_then_die
       sweep.run_sweep(test_sweep.tiny_config(), {workdir!r}, progress=False)
       """)
-  proc = subprocess.run([sys.executable, "-c", script],
-                        env=dict(_env(8), **shared_compilation_cache), cwd=REPO,
+  proc = subprocess.run([sys.executable, "-c", script], env=_env(8), cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
   assert not os.path.exists(os.path.join(workdir, layout.DONE_FILE))

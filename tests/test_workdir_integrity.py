@@ -126,13 +126,12 @@ _INTERRUPT = textwrap.dedent("""
     """)
 
 
-def test_ctrl_c_says_one_line_exits_130_and_the_same_command_resumes(
-    reference, tmp_path, capsys, monkeypatch, shared_compilation_cache):
+def test_ctrl_c_says_one_line_exits_130_and_the_same_command_resumes(reference, tmp_path,
+                                                                      capsys, monkeypatch):
   workdir = str(tmp_path / "interrupted")
   argv = ["sweep", f"--config={CONFIG}", f"--workdir={workdir}", "--noprogress"]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]),
-             **shared_compilation_cache)
+      [REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
   proc = subprocess.run([sys.executable, "-c", _INTERRUPT, *argv], env=env, cwd=REPO,
                         capture_output=True, text=True, timeout=900)
   err = proc.stderr.splitlines()
@@ -634,7 +633,7 @@ def _damage(workdir, what, rng):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_fault_injection_kill_and_damage_then_resume_equals_an_uninterrupted_run(
-    reference, tmp_path, seed, shared_compilation_cache):
+    reference, tmp_path, seed):
   rng = random.Random(seed)
   where, n = rng.choice(_KILL_POINTS)
   damage = rng.choice(_DAMAGE)
@@ -642,7 +641,9 @@ def test_fault_injection_kill_and_damage_then_resume_equals_an_uninterrupted_run
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
                  [REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
-  env.update(shared_compilation_cache)
+  env.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path.parent / "fault_injection_jax_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   proc = subprocess.run([sys.executable, "-c", _KILL, workdir, where, str(n)], env=env,
                         cwd=REPO, capture_output=True, text=True, timeout=900)
   assert proc.returncode == -signal.SIGKILL, (where, n, proc.stderr[-3000:])
