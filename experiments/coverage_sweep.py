@@ -27,6 +27,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c3_27_wd03 --workdir=runs/cpu_plain_c3_27_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c4_81_wd03 --workdir=runs/cpu_plain_c4_81_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_product_c4_81_wd03 --workdir=runs/cpu_product_c4_81_wd03
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c4_81_wd03_long --workdir=runs/cpu_plain_c4_81_wd03_long
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -106,6 +107,10 @@ Presets (the ARG after the colon):
   cpu_product_c4_81_wd03
              cpu_plain_c4_81_wd03 with the product read-out in both towers: beside it, the
              read-out is the only difference (as cpu_product_64_wd03 beside cpu_plain_64_wd03).
+  cpu_plain_c4_81_wd03_long
+             cpu_plain_c4_81_wd03 at coverage 0.3, 0.5, 0.7, 0.9 × its 4 seeds with twice the
+             steps (20,000): two seeds end below 0.8 at coverage 0.9 after 10,000 steps; does a
+             longer schedule lift the top of the curve, and does rho* move with it?
   cpu_plain_36_wd03
              cpu_plain_36 (its 60 replicas, grid, seeds and 5,000 steps) with weight decay
              0.03: does the lever that lifted every seed at |O| = 64's top coverage give a
@@ -185,6 +190,8 @@ PLAIN_LAW_PRESETS = {"cpu_plain_law": ((2, 5), (2, 8)), "cpu_product_64": ((2, 8
                      "cpu_product_c4_81_wd03": ((4, 3),)}
 # |O| = 81 at C = 4: down to 0.1, where the plain law with a term in C put rho* near 0.4.
 C4_81_COVERAGES = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+# cpu_plain_c4_81_wd03_long: the coverages around its rho* (0.578) and the top, twice the steps.
+C4_81_LONG_COVERAGES, C4_81_LONG_STEPS = (0.3, 0.5, 0.7, 0.9), 20000
 # Plain towers with d_ff 1,024 (cpu_plain_law's |O| = 64 half, one width changed), per preset
 # its object space and steps.
 PLAIN_FF1024_PRESETS = {"cpu_plain_ff1024_64": ((2, 8), 10000),
@@ -265,6 +272,10 @@ def get_config(arg="smoke"):
     _use_cpu_towers(c, product_readout="both" if product else "none")
     c.optimizer.update(learning_rate=3e-3, weight_decay=0.03 if "wd03" in arg else 0.0)
     c.num_steps = 10000
+  elif arg == "cpu_plain_c4_81_wd03_long":
+    c = get_config("cpu_plain_c4_81_wd03")
+    c.grid.coverages = C4_81_LONG_COVERAGES
+    c.num_steps = C4_81_LONG_STEPS
   elif arg in PLAIN_FF1024_PRESETS:
     c = get_config("cpu_plain_law")
     space, c.num_steps = PLAIN_FF1024_PRESETS[arg]
@@ -305,7 +316,8 @@ def get_config(arg="smoke"):
                      "cpu_plain_64_wd03_low, cpu_plain_49_wd03, cpu_plain_64_wd03_60, "
                      "cpu_product_64_wd03, cpu_plain_36_wd03, cpu_plain_ff1024_64, "
                      "cpu_plain_ff1024_100, cpu_plain_c3_64_wd03, cpu_plain_c3_27_wd03, "
-                     "cpu_plain_c4_81_wd03, cpu_product_c4_81_wd03, gpu_plain_400, gpu_quick, "
+                     "cpu_plain_c4_81_wd03, cpu_plain_c4_81_wd03_long, cpu_product_c4_81_wd03, "
+                     "gpu_plain_400, gpu_quick, "
                      "paper "
                      "or paper_20m")
   return c
