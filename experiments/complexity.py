@@ -13,8 +13,8 @@ otherwise:
           {MLP 1024, product, sum+product}, lr 1e-2, the default fit of docs/complexity.md,
           "Fitting"; one seed.
 Options appended to a preset: `,trees` also fits the random-forest approximator on the same
-splits; `,original` fits as the original code does (fitting.ORIGINAL: one unregularised start on
-raw targets, a constant learning rate and its evaluation cadence).
+splits; `,original` fits as the original code does (fit_settings.ORIGINAL: one unregularised
+start on raw targets, a constant learning rate and its evaluation cadence).
 
 Every field is described in docs/complexity.md and `bindjax complexity --help`. What these fits
 showed: docs/findings/complexity_stability.md (the default fit against the original's) and
@@ -23,7 +23,7 @@ docs/findings/description_length.md (the description length of clevr_text).
 import os
 
 from bindjax.complexity import analysis
-from bindjax.complexity import fitting
+from bindjax.complexity import fit_settings
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = ("smoke", "cpu", "paper")
@@ -50,7 +50,7 @@ def get_config(arg="smoke"):
     c.steps = 1000
   c.trees = "trees" in options
   if "original" in options:
-    c.update(fitting.ORIGINAL)
+    c.update(fit_settings.ORIGINAL)
     c.schedule = "constant"       # the original builds a cosine schedule but never steps it
     c.eval_cadence = "original"
   return c

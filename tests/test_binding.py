@@ -18,7 +18,7 @@ from bindjax.commands import flags
 from bindjax.commands import main as cli
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
-from bindjax.complexity import fitting
+from bindjax.complexity import fit_settings
 from bindjax.complexity import grid_fits
 from bindjax.complexity import replicas
 from bindjax.frozen import embeddings
@@ -154,7 +154,7 @@ def test_fits_with_own_targets_and_splits_equal_separate_fits():
             for k in range(3)]
   splits = [(rng.permutation(9), n) for n in (4, 6, 6)]
   model = families.make("sum_product", (3, 3), 2, out_dim=4, embed_dim=2)
-  config = fitting.FitConfig(steps=20, eval_every=10, fast_compile=True)
+  config = fit_settings.FitConfig(steps=20, eval_every=10, fast_compile=True)
 
   def data_of(t):
     return data_lib.prepare(t, objects, np.full(81, 2), (3, 3), ids, 9)[0]

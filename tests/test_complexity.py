@@ -15,6 +15,7 @@ from bindjax.commands import complexity as complexity_command
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.complexity import fit_programs
+from bindjax.complexity import fit_settings
 from bindjax.complexity import fitting
 from bindjax.complexity import grid_fits
 from bindjax.complexity import results
@@ -37,7 +38,7 @@ PLANTED_DRAW = 1000   # outside the restarts' initialisation keys 0..PLANTED_RES
 # Shared by the planted and lookup-table tests: same shapes and static settings, so the second
 # test reuses the first one's compiled programs (compiling dominates their cost). They measure
 # the original code's fit (one unregularised start); the default fit is tested below.
-PLANTED_CONFIG = fitting.FitConfig(steps=1500, eval_every=500, **fitting.ORIGINAL)
+PLANTED_CONFIG = fit_settings.FitConfig(steps=1500, eval_every=500, **fit_settings.ORIGINAL)
 # Training MSE below which a planted fit has converged (converged fits end near 1e-10, stuck
 # product fits above 1e-3).
 CONVERGED = 1e-4
@@ -145,7 +146,7 @@ def test_per_object_products_bind_in_sample_but_do_not_generalise():
   everything = np.ones((3, len(ids)), bool)
   on_true = fit_programs.evaluate_predictions(data.targets_NxD, data, probes, everything)
   assert float(on_true["object_acc"][0]) >= 0.95
-  config = fitting.FitConfig(steps=400, eval_every=200, **fitting.ORIGINAL)
+  config = fit_settings.FitConfig(steps=400, eval_every=200, **fit_settings.ORIGINAL)
   points = data_lib.make_points(36, [0.5], [0], [1e-2])
   train, test = data_lib.MASKS.index("train_only"), data_lib.MASKS.index("test_only")
   report = {}
@@ -188,7 +189,7 @@ def test_chunked_and_sharded_fits_equal_one_vmap():
   probes = linear.init_weights(jax.random.PRNGKey(0), (3, 3), 9, 4, linear.ProbeConfig())
   model = families.make("sum_product", (3, 3), 2, out_dim=4, embed_dim=3)
   points = data_lib.make_points(9, [0.3, 0.5, 0.7, 0.5], [0, 1, 2, 3], [1e-2, 1e-2, 3e-3, 1e-2])
-  config = fitting.FitConfig(steps=20, eval_every=10, schedule="constant", fast_compile=True)
+  config = fit_settings.FitConfig(steps=20, eval_every=10, schedule="constant", fast_compile=True)
   one_device = engine.auto_mesh(1)
   whole, info = fitting.fit_models(model, data, probes, points, config, one_device, None)
   # Two devices holding two models each; a tiny memory budget forces one model per device
@@ -302,12 +303,12 @@ def test_batches_group_similar_training_counts():
 
 
 def test_evaluation_cadence():
-  end = fitting.FitConfig(steps=400, eval_every=100)
-  original = fitting.FitConfig(steps=400, eval_every=100, eval_cadence="original")
+  end = fit_settings.FitConfig(steps=400, eval_every=100)
+  original = fit_settings.FitConfig(steps=400, eval_every=100, eval_cadence="original")
   assert fitting.eval_steps(end) == [100, 200, 300, 400]
   assert fitting.eval_steps(original) == [1, 101, 201, 301]
   with pytest.raises(ValueError, match="eval_cadence"):
-    fitting.FitConfig(eval_cadence="start").validate()
+    fit_settings.FitConfig(eval_cadence="start").validate()
 
 
 def test_summary_over_seeds_reports_median_and_spread():
@@ -357,13 +358,13 @@ def test_restart_settings_are_validated_naming_the_field():
                      ({"restart_holdout": 1.0}, "restart_holdout"),
                      ({"restart_holdout": -0.1}, "restart_holdout")]:
     with pytest.raises(ValueError, match=field):
-      fitting.FitConfig(**bad).validate()
-  assert fitting.FitConfig(steps=300).candidate_steps == 150  # 0: half of the fit's steps.
+      fit_settings.FitConfig(**bad).validate()
+  assert fit_settings.FitConfig(steps=300).candidate_steps == 150  # 0: half of the fit's steps.
   objects, ids = data_lib.all_scenes((2, 2), 2)
   data = make_data((2, 2), objects, ids, np.zeros((len(ids), 3)))
   one_object = data_lib.make_points(4, [0.3], [0], [1e-2])
   with pytest.raises(ValueError, match="restart_holdout"):
-    fitting.restart_masks(data, one_object, fitting.FitConfig(restarts=2, restart_holdout=0.2))
+    fitting.restart_masks(data, one_object, fit_settings.FitConfig(restarts=2, restart_holdout=0.2))
 
 
 def test_restart_candidates_train_and_are_scored_on_training_scenes_only():
@@ -373,12 +374,12 @@ def test_restart_candidates_train_and_are_scored_on_training_scenes_only():
   train_only_MxN = np.stack([np.asarray(data_lib.scene_masks(
       data.object_ids_NxK, points.permutation_MxU[m], points.num_train_M[m]))[0]
                              for m in range(2)])
-  rows, valid, score = fitting.restart_masks(data, points, fitting.FitConfig(restarts=2))
+  rows, valid, score = fitting.restart_masks(data, points, fit_settings.FitConfig(restarts=2))
   assert (score == train_only_MxN).all()
   for m in range(2):
     assert sorted(rows[m][valid[m]]) == np.flatnonzero(train_only_MxN[m]).tolist()
   rows, valid, score = fitting.restart_masks(
-      data, points, fitting.FitConfig(restarts=2, restart_holdout=0.5))
+      data, points, fit_settings.FitConfig(restarts=2, restart_holdout=0.5))
   for m in range(2):
     count = int(points.num_train_M[m])
     held_out = set(points.permutation_MxU[m][count // 2:count].tolist())
@@ -399,8 +400,8 @@ def test_restarts_are_reproducible():
   probes = linear.init_weights(jax.random.PRNGKey(0), (3, 3), 9, 4, linear.ProbeConfig())
   model = families.make("product", (3, 3), 2, out_dim=4, embed_dim=2)
   points = data_lib.make_points(9, [0.7, 0.7], [0, 1], [1e-2, 1e-2])
-  config = fitting.FitConfig(steps=10, eval_every=5, restarts=3, restart_steps=8,
-                             fast_compile=True)
+  config = fit_settings.FitConfig(steps=10, eval_every=5, restarts=3, restart_steps=8,
+                                  fast_compile=True)
   first, info = fitting.fit_models(model, data, probes, points, config)
   second, again = fitting.fit_models(model, data, probes, points, config)
   assert info["restart_candidate"] == again["restart_candidate"]
@@ -408,20 +409,20 @@ def test_restarts_are_reproducible():
     np.testing.assert_array_equal(first[key], second[key])
   assert all(0 <= c < 3 for c in info["restart_candidate"]) and info["select_s"] > 0
   single, single_info = fitting.fit_models(model, data, probes, points,
-                                           fitting.FitConfig(steps=10, eval_every=5, restarts=1,
-                                                             fast_compile=True))
+                                           fit_settings.FitConfig(steps=10, eval_every=5,
+                                                                  restarts=1, fast_compile=True))
   assert single_info["restart_candidate"] is None
   assert not np.allclose(single["train_loss"], first["train_loss"])
 
 
 def test_default_restarts_are_the_familys():
   """restarts = 0: Adam fits of product families try 3 starts, additive and MLP fits one
-  (fitting.RESTARTS)."""
+  (fit_settings.RESTARTS)."""
   objects, ids = data_lib.all_scenes((3, 3), 2)
   data = make_data((3, 3), objects, ids, np.random.default_rng(0).normal(size=(81, 4)))
   probes = linear.init_weights(jax.random.PRNGKey(0), (3, 3), 9, 4, linear.ProbeConfig())
   points = data_lib.make_points(9, [0.7], [0], [1e-2])
-  config = fitting.FitConfig(steps=10, eval_every=5, solver="adam", fast_compile=True)
+  config = fit_settings.FitConfig(steps=10, eval_every=5, solver="adam", fast_compile=True)
   tried = {}
   for family in ("additive", "mlp", "sum_product"):
     model = families.make(family, (3, 3), 2, out_dim=4, widths=(8,) if family == "mlp" else ())
@@ -451,7 +452,7 @@ def test_per_object_sum_product_recovers_planted_per_object_scenes():
   assert all(len(set(np.unravel_index(train_objects, values, order="F")[c])) == 6
              for c in range(2))
   probes = linear.init_weights(jax.random.PRNGKey(0), values, 36, 32, linear.ProbeConfig())
-  single = fitting.FitConfig(steps=600, eval_every=300, **fitting.ORIGINAL)
+  single = fit_settings.FitConfig(steps=600, eval_every=300, **fit_settings.ORIGINAL)
   test = data_lib.MASKS.index("test_only")
   report = {}
   for family, config in [("per_object_sum_product",
@@ -474,7 +475,7 @@ def test_restarts_make_single_planted_fits_generalise():
   model = families.make("per_object_product", V10, 2, out_dim=16, embed_dim=2)
   data = make_data(V10, objects, ids,
                    np.asarray(model.apply(model.init(jax.random.PRNGKey(100)), objects)))
-  single = fitting.FitConfig(steps=1000, eval_every=500, **fitting.ORIGINAL)
+  single = fit_settings.FitConfig(steps=1000, eval_every=500, **fit_settings.ORIGINAL)
   test = data_lib.MASKS.index("test_only")
   r2 = {}
   for name, config in [("single", single),
@@ -505,7 +506,7 @@ def test_adam_fits_recover_planted_structure():
   1,500), so a longer run tests less."""
   objects, ids = planted_scenes(V10, 2000)
   probes = linear.init_weights(jax.random.PRNGKey(0), V10, 100, 16, linear.ProbeConfig())
-  config = fitting.FitConfig(steps=500, eval_every=500, solver="adam")
+  config = fit_settings.FitConfig(steps=500, eval_every=500, solver="adam")
   points = restarts(100, count=20, first_key=DEFAULT_FIT_KEYS)
   test = data_lib.MASKS.index("test_only")
   report = {}

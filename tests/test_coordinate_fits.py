@@ -14,7 +14,7 @@ import pytest
 from bindjax.complexity import coordinate
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
-from bindjax.complexity import fitting
+from bindjax.complexity import fit_settings
 from bindjax.complexity import grid_fits
 from bindjax.frozen.probes import linear
 from bindjax.runtime import engine
@@ -24,7 +24,7 @@ DRAW = 8100
 SEEDS = (8200, 8201)
 # Few evaluations: the solver evaluates once whatever the steps. Cheap compiles: these fits are
 # small, and compiling them is most of their time.
-CONFIG = fitting.FitConfig(steps=10, eval_every=10, fast_compile=True)
+CONFIG = fit_settings.FitConfig(steps=10, eval_every=10, fast_compile=True)
 
 
 def per_object_hadamard(values, out_dim, noise, draw):
@@ -48,7 +48,7 @@ def make_data(values, objects, ids, targets):
 
 
 def fit(model, data, probes, fraction=0.7, seeds=SEEDS, splits=None, config=CONFIG):
-  entries = [grid_fits.GridEntry(model, fraction, s, fitting.LEARNING_RATE,
+  entries = [grid_fits.GridEntry(model, fraction, s, fit_settings.LEARNING_RATE,
                                  None if splits is None else splits[i])
              for i, s in enumerate(seeds)]
   rows, infos = grid_fits.fit_grid(entries, data, probes, config)
@@ -133,29 +133,29 @@ def test_a_split_that_does_not_identify_the_structure_is_reported():
 
 
 def test_the_global_product_starts_more_often_unless_told():
-  assert fitting.FitConfig().for_family("product").solver_starts == 16
-  assert fitting.FitConfig().for_family("sum_product").solver_starts == 8
-  assert fitting.FitConfig(solver_starts=4).for_family("product").solver_starts == 4
+  assert fit_settings.FitConfig().for_family("product").solver_starts == 16
+  assert fit_settings.FitConfig().for_family("sum_product").solver_starts == 8
+  assert fit_settings.FitConfig(solver_starts=4).for_family("product").solver_starts == 4
 
 
 def test_solver_setting_is_validated_naming_the_field():
   with pytest.raises(ValueError, match="solver="):
-    fitting.FitConfig(solver="newton").validate()
+    fit_settings.FitConfig(solver="newton").validate()
   with pytest.raises(ValueError, match="solver_starts="):
-    fitting.FitConfig(solver_starts=-1).validate()
+    fit_settings.FitConfig(solver_starts=-1).validate()
   with pytest.raises(ValueError, match="solver_projection="):
-    fitting.FitConfig(solver_projection="yes").validate()
+    fit_settings.FitConfig(solver_projection="yes").validate()
   with pytest.raises(ValueError, match="solver_iterations="):
-    fitting.FitConfig(solver_iterations=-1).validate()
+    fit_settings.FitConfig(solver_iterations=-1).validate()
   # Typed on the command line, a boolean arrives as a string.
-  assert fitting.FitConfig(solver_projection="False").validate().solver_projection is False
+  assert fit_settings.FitConfig(solver_projection="False").validate().solver_projection is False
   for screen in (-1, 31):
     with pytest.raises(ValueError, match="solver_screen="):
-      fitting.FitConfig(solver_screen=screen, solver_iterations=30).validate()
+      fit_settings.FitConfig(solver_screen=screen, solver_iterations=30).validate()
   mlp = families.make("mlp", (3, 3), 2, 8, widths=(4,))
-  assert fitting.FitConfig().solver_for(mlp) == "adam"
+  assert fit_settings.FitConfig().solver_for(mlp) == "adam"
   with pytest.raises(ValueError, match="solver='coordinate'"):
-    fitting.FitConfig(solver="coordinate").solver_for(mlp)
+    fit_settings.FitConfig(solver="coordinate").solver_for(mlp)
 
 
 def test_batched_fits_with_own_targets_equal_separate_fits():

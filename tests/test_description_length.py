@@ -15,7 +15,7 @@ from bindjax.commands import complexity as complexity_command
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import description_length as dl
 from bindjax.complexity import families
-from bindjax.complexity import fitting
+from bindjax.complexity import fit_settings
 from bindjax.frozen.probes import linear
 from bindjax.frozen.probes import probe_analysis
 from bindjax.runtime import engine
@@ -26,7 +26,7 @@ from test_complexity import DATA, REPO, make_data
 # on one device (unbatched models compile faster than the 8-device sharded batch).
 V5 = (5, 5)
 CODE = dl.CodeConfig(block_fractions=(0.2, 0.4, 0.6, 0.8), restarts=2)
-FIT = fitting.FitConfig(steps=2000, eval_every=2000, **fitting.ORIGINAL)
+FIT = fit_settings.FitConfig(steps=2000, eval_every=2000, **fit_settings.ORIGINAL)
 LEARNING_RATES = (1e-2,)
 # Families: the two planted ones and sum_product, which contains both and comes second on
 # additive data (docs/complexity.md, "Description length", has the other families too).

@@ -135,3 +135,38 @@ def test_importing_bindjax_changes_no_jax_setting():
           "changed = {k for k, v in jax.config.values.items() if before.get(k) != v}\n"
           "assert not changed, changed\n")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+# Sizes a reader can hold in one sitting.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
+
+
+def oversized(path):
+  """(what, lines) of `path`'s module when over MAX_MODULE_LINES and of each function or method
+  in it over MAX_FUNCTION_LINES (decorators and docstring included)."""
+  with open(path) as f:
+    source = f.read()
+  out = []
+  if source.count("\n") > MAX_MODULE_LINES:
+    out.append(("module", source.count("\n")))
+  for node in ast.walk(ast.parse(source, path)):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+      if node.end_lineno - first + 1 > MAX_FUNCTION_LINES:
+        out.append((node.name, node.end_lineno - first + 1))
+  return out
+
+
+def test_size_check_sees_long_modules_and_functions(tmp_path):
+  body = "".join(f"  x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+  path = tmp_path / "m.py"
+  path.write_text("def short():\n  pass\n\n\ndef long():\n" + body)
+  assert oversized(str(path)) == [("long", MAX_FUNCTION_LINES + 1)]
+  path.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+  assert oversized(str(path)) == [("module", MAX_MODULE_LINES + 1)]
+
+
+def test_no_module_or_function_is_over_its_size():
+  over = {m: found for m, p in sorted(_modules().items()) if (found := oversized(p))}
+  assert not over, (f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a "
+                    f"function: {over}")

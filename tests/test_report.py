@@ -11,6 +11,7 @@ from bindjax.reporting import metrics
 from bindjax.reporting import report
 from bindjax.reporting import tables
 from bindjax.reporting import statistics
+from bindjax.reporting.plots import phase_transition
 from bindjax.workdir import results
 
 PLANTED = {(2, 20): 0.5, (2, 50): 0.32, (3, 50): 0.3}
@@ -209,6 +210,27 @@ def test_two_concept_counts_at_one_size_make_one_law(tmp_path):
   # The pair at |O| = 256 alone sets c: (0.34 − 0.57) / (4 − 2).
   concept = laws["concept_log_linear"]
   assert abs(concept["c"] - (-0.115)) < 0.02 and concept["c_interval"][1] < 0
+
+
+def test_no_formats_writes_the_tables_alone(tmp_path, monkeypatch):
+  """formats=(): the same tables as a report with figures, and no figure drawn or written."""
+  planted = {(2, 10): 0.8, (2, 14): 0.58}
+  _write(str(tmp_path / "sweep"), _rows(planted=planted, noise=0.01))
+  drawn = report.make_report(str(tmp_path / "sweep"), num_draws=20, formats=("png",),
+                             out_dir=str(tmp_path / "drawn"))
+
+  def no_drawing(*args, **kwargs):
+    raise AssertionError("a figure was drawn")
+
+  monkeypatch.setattr(phase_transition, "plot", no_drawing)
+  tables = report.make_report(str(tmp_path / "sweep"), num_draws=20, formats=(),
+                              out_dir=str(tmp_path / "tables"))
+  assert tables["critical_coverage"] == drawn["critical_coverage"]
+  assert sorted(os.listdir(tmp_path / "tables")) == [
+      "bindjax_outputs.json", "critical_coverage.json", "critical_coverage.md", "points.json"]
+  assert ((tmp_path / "tables" / "critical_coverage.md").read_text()
+          == (tmp_path / "drawn" / "critical_coverage.md").read_text())
+  assert "phase_transition.png" in os.listdir(tmp_path / "drawn")
 
 
 def test_a_law_per_kind_of_towers(tmp_path):

@@ -26,6 +26,7 @@ from bindjax.complexity import description_length as description_length_lib
 from bindjax.complexity import families
 from bindjax.complexity import figure
 from bindjax.complexity import fit_programs
+from bindjax.complexity import fit_settings
 from bindjax.complexity import fitting
 from bindjax.complexity import grid_fits
 from bindjax.complexity import results
@@ -50,7 +51,7 @@ SECTIONS = ("fit", "probe", "code")
 
 
 @dataclasses.dataclass(frozen=True)
-class ComplexityConfig(fitting.EngineConfig):
+class ComplexityConfig(fit_settings.EngineConfig):
   """Settings of `bindjax complexity` (docs/complexity.md): the grid, each fit's FitConfig, the
   frozen probes' fit and the prequential code."""
   embeddings: str = ""          # the embedding set's directory
@@ -62,12 +63,12 @@ class ComplexityConfig(fitting.EngineConfig):
   train_fractions: tuple = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)   # for split "random"
   split: str = "random"         # SPLITS
   seeds: tuple = (0,)           # object split and initialisation of each fit
-  learning_rates: tuple = (fitting.LEARNING_RATE,)
+  learning_rates: tuple = (fit_settings.LEARNING_RATE,)
   trees: bool = False           # also fit tree approximators (bindjax.complexity.trees)
   tree_models: str = "random_forest"   # comma string, like models
   tree_estimators: int = 100
   description_length: bool = False     # also measure every model's description length
-  fit: fitting.FitConfig = fitting.FitConfig()
+  fit: fit_settings.FitConfig = fit_settings.FitConfig()
   probe: linear.ProbeConfig = linear.ProbeConfig()
   code: description_length_lib.CodeConfig = description_length_lib.CodeConfig()
 
@@ -109,7 +110,7 @@ def settings_from(config):
   """The validated ComplexityConfig of a complexity ConfigDict; ValueError naming a bad field."""
   values = config.to_dict()
   # Frozen probes always score as dot products (frozen_probes turns cosine probes into those).
-  fit = config_values.pop_settings(fitting.FitConfig, values, probe_similarity="dot")
+  fit = config_values.pop_settings(fit_settings.FitConfig, values, probe_similarity="dot")
   probe = config_values.pop_settings(linear.ProbeConfig, values, PROBE_PREFIX)
   code = config_values.pop_settings(description_length_lib.CodeConfig, values, CODE_PREFIX)
   settings = config_values.pop_settings(ComplexityConfig, values, fit=fit, probe=probe,

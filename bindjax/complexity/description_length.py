@@ -37,7 +37,7 @@ CSV_COLUMNS = ("name", "family", "seed", "num_parameters", "num_scenes", "num_ob
 
 @dataclasses.dataclass(frozen=True)
 class CodeConfig:
-  """Settings of the prequential code (the fits themselves follow a `fitting.FitConfig`)."""
+  """Settings of the prequential code (the fits themselves follow a `fit_settings.FitConfig`)."""
   # Object-count boundaries as fractions of the U objects, each giving clamp(int(f·U), 1, U−1)
   # objects as in the object split; fractions that give the same count are one boundary.
   block_fractions: tuple = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)

@@ -33,6 +33,7 @@ from bindjax.base import files
 from bindjax.base import progress as progress_lib
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
+from bindjax.complexity import fit_settings
 from bindjax.complexity import fitting
 from bindjax.complexity import grid_fits
 from bindjax.complexity import results as complexity_results
@@ -72,13 +73,13 @@ CSV_COLUMNS = (*REPLICA_COLUMNS, "status", results.STEP, "checkpoint", results.D
 
 
 @dataclasses.dataclass(frozen=True)
-class BindingConfig(fitting.EngineConfig):
+class BindingConfig(fit_settings.EngineConfig):
   """Settings of `bindjax binding` (docs/binding.md): the families fitted to every replica, one
   FitConfig and learning rate for all of them, and the encoding and statistics around the fits."""
   models: str = "additive,sum_product,per_object_sum_product,mlp:1024"   # comma string
-  learning_rate: float = fitting.LEARNING_RATE
+  learning_rate: float = fit_settings.LEARNING_RATE
   fit_seed: int = 0             # the initialisation key of every fit
-  fit: fitting.FitConfig = fitting.FitConfig()
+  fit: fit_settings.FitConfig = fit_settings.FitConfig()
   # Fits of one family whose training counts are within this factor run as one compiled batch
   # (inf: one batch per family and bucket, every replica padded to the largest count).
   pad_ratio: float = grid_fits.PAD_RATIO
@@ -130,7 +131,7 @@ def settings_from(config):
   """The validated BindingConfig of a binding ConfigDict; ValueError naming a bad field."""
   values = config.to_dict()
   fit_values = values.pop("fit")
-  fit = config_values.pop_settings(fitting.FitConfig, fit_values)
+  fit = config_values.pop_settings(fit_settings.FitConfig, fit_values)
   config_values.check_all_used(fit_values, "config.fit.")
   settings = config_values.pop_settings(BindingConfig, values, fit=fit)
   config_values.check_all_used(values, "config.")

@@ -293,6 +293,7 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
   their grids (a coverage or seeds run later, say) make one curve (`_rows_of_sweeps`).
   law_per_towers: one scaling law per kind of towers (read-out, width, learning rate and weight
   decay; LAW_KEYS) instead of one over every series, in the summary's "scaling_laws".
+  formats: the figures' file formats; empty, the tables alone (no figure is drawn).
   The summary's "finished" is False when a sweep has no done file (still running, or killed):
   the report then covers the rows written so far, and its title says so.
   """
@@ -321,7 +322,8 @@ def make_report(workdir, step=results.DEFAULT_STEP, num_draws=1000, out_dir=None
       "critical_coverage.json", "critical_coverage.md", "points.json"])
   title = describe(workdirs, series, step) + ("" if finished else " (unfinished)")
   figures = _draw(series, table, groups if with_law else None, out_dir, title, step=step,
-                  formats=formats, rho_metric=rho_metric, law_per_towers=law_per_towers)
+                  formats=formats, rho_metric=rho_metric,
+                  law_per_towers=law_per_towers) if formats else []
   summary = {"workdirs": [str(w) for w in workdirs], "pooled": bool(pool), "step": step,
              "threshold": statistics.THRESHOLD, "metric": rho_metric,
              "critical_coverage": table,

@@ -66,14 +66,15 @@ def child(args):
   """Runs one way in this process; prints a JSON line with seconds and peak memory."""
   from bindjax.complexity import data as data_lib  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import families  # pylint: disable=g-import-not-at-top
+  from bindjax.complexity import fit_settings  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import fitting  # pylint: disable=g-import-not-at-top
   from bindjax.complexity import grid_fits  # pylint: disable=g-import-not-at-top
   from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
   eset = synthetic_set(args.dim)
   data, _ = data_lib.from_set(eset)
   probes = linear.probes_to_weights(eset.probes, VALUES)
-  fit_config = fitting.FitConfig(steps=args.steps, eval_every=min(100, args.steps),
-                                    schedule="constant")
+  fit_config = fit_settings.FitConfig(steps=args.steps, eval_every=min(100, args.steps),
+                                      schedule="constant")
   models = families.parse_models(MODELS, VALUES, 2, args.dim)
   entries = grid_fits.grid_entries(models, FRACTIONS, [0], [1e-2])
   start = time.perf_counter()

@@ -93,16 +93,20 @@ def time_probe(steps):
 
 
 def _fit_api():
-  """(data, families, fitting) modules and evaluate_predictions, from the package layout or the
-  single-module one of older commits (the baseline run)."""
+  """(data, families, fitting) modules, FitConfig and evaluate_predictions, from the package
+  layout or the layouts of older commits (the baseline run)."""
   try:
     from bindjax.complexity import data, families, fitting  # pylint: disable=g-import-not-at-top
     from bindjax.complexity import fit_programs  # pylint: disable=g-import-not-at-top
-    return data, families, fitting, fit_programs.evaluate_predictions
   except ImportError:
     from bindjax import complexity  # pylint: disable=g-import-not-at-top
     from bindjax.frozen.probes import binding  # pylint: disable=g-import-not-at-top
-    return complexity, binding, complexity, complexity.evaluate_predictions
+    return complexity, binding, complexity, complexity.FitConfig, complexity.evaluate_predictions
+  try:
+    from bindjax.complexity import fit_settings  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    fit_settings = fitting   # the settings lived in fitting before
+  return data, families, fitting, fit_settings.FitConfig, fit_programs.evaluate_predictions
 
 
 def time_approximator(steps, family, widths):
@@ -110,7 +114,7 @@ def time_approximator(steps, family, widths):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bindjax.frozen.probes import linear  # pylint: disable=g-import-not-at-top
-  data_lib, families, fitting, evaluate_predictions = _fit_api()
+  data_lib, families, fitting, fit_config, evaluate_predictions = _fit_api()
   objects, ids = data_lib.all_scenes(FIT_VALUES, 2)
   u = int(np.prod(FIT_VALUES))
   rng = np.random.default_rng(0)
@@ -121,7 +125,7 @@ def time_approximator(steps, family, widths):
   probes = linear.init_weights(jax.random.PRNGKey(0), FIT_VALUES, u, FIT_DIM,
                                linear.ProbeConfig())
   model = families.make(family, FIT_VALUES, 2, FIT_DIM, widths)
-  config = fitting.FitConfig(steps=steps, eval_every=100, schedule="constant")
+  config = fit_config(steps=steps, eval_every=100, schedule="constant")
   points = data_lib.make_points(u, [FIT_FRACTION], [0], [1e-2])
   _, info = fitting.fit_models(model, data, probes, points, config)
   masks = np.asarray(data_lib.scene_masks(data.object_ids_NxK, points.permutation_MxU[0],

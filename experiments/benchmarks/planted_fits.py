@@ -34,7 +34,7 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import repeats  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bindjax.complexity import data as data_lib  # pylint: disable=wrong-import-position
 from bindjax.complexity import families  # pylint: disable=wrong-import-position
-from bindjax.complexity import fitting  # pylint: disable=wrong-import-position
+from bindjax.complexity import fit_settings  # pylint: disable=wrong-import-position
 from bindjax.complexity import grid_fits  # pylint: disable=wrong-import-position
 from bindjax.frozen.probes import linear  # pylint: disable=wrong-import-position
 
@@ -43,8 +43,8 @@ PASS_R2 = 0.9
 # Planted draws: none of them is a key a fit starts from (split seeds give keys 0, 1, …).
 DRAW = 9100
 # The previous default fit: Adam with the families' restarts and weight decay.
-OLD = fitting.FitConfig(solver="adam")
-NEW = fitting.FitConfig()
+OLD = fit_settings.FitConfig(solver="adam")
+NEW = fit_settings.FitConfig()
 
 
 def planted(family, values, out_dim, noise, draw):
@@ -68,7 +68,7 @@ def planted(family, values, out_dim, noise, draw):
 
 def fit_cell(model, data, probes, fraction, seeds, config):
   """Rows and the summed solve/train and compile seconds of one fit_grid call."""
-  entries = grid_fits.grid_entries([model], [fraction], seeds, [fitting.LEARNING_RATE])
+  entries = grid_fits.grid_entries([model], [fraction], seeds, [fit_settings.LEARNING_RATE])
   rows, infos = grid_fits.fit_grid(entries, data, probes, config)
   return rows, sum(i["run_s"] for i in infos), sum(i["compile_s"] for i in infos)
 
@@ -169,7 +169,7 @@ def main():
   parser.add_argument("--solver_ridge", default=NEW.solver_ridge, type=float,
                       help="the new default's coordinate-solver ridge (FitConfig.solver_ridge)")
   parser.add_argument("--solver_starts", default=NEW.solver_starts, type=int,
-                      help="starts per coordinate; 0: the family's (fitting.SOLVER_STARTS)")
+                      help="starts per coordinate; 0: the family's (fit_settings.SOLVER_STARTS)")
   parser.add_argument("--solver_iterations", default=NEW.solver_iterations, type=int,
                       help="FitConfig.solver_iterations (0: the family's value)")
   parser.add_argument("--solver_screen", default=NEW.solver_screen, type=int)

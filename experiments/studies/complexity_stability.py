@@ -50,6 +50,7 @@ from bindjax.base import files
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import families
 from bindjax.complexity import fit_programs
+from bindjax.complexity import fit_settings
 from bindjax.complexity import fitting
 from bindjax.frozen.probes import linear
 
@@ -59,9 +60,10 @@ VALUES = (10, 10)
 FAMILIES = ("additive", "product", "sum_product", "per_object_product", "per_object_sum_product")
 # The original code's fit (one unregularised start on raw targets) at the benchmark's length;
 # its restart levers train 1,000-step candidates, as when they were measured.
-BASE = fitting.FitConfig(steps=1500, eval_every=500, restart_steps=1000, **fitting.ORIGINAL)
+BASE = fit_settings.FitConfig(steps=1500, eval_every=500, restart_steps=1000,
+                              **fit_settings.ORIGINAL)
 # The default fit (standardised targets, weight decay, 3 restarts) at the same length.
-DEFAULT = fitting.FitConfig(steps=1500, eval_every=500)
+DEFAULT = fit_settings.FitConfig(steps=1500, eval_every=500)
 LEVERS = {
     "single": BASE,
     "restarts16": dataclasses.replace(BASE, restarts=16),
@@ -210,8 +212,9 @@ def main():
   elif args.check:
     if args.check != "per_object_sum_product":
       raise SystemExit(f"--check={args.check!r}: expected per_object_sum_product or wide_codes")
-    config = dataclasses.replace(fitting.FitConfig(steps=600, eval_every=300, **fitting.ORIGINAL),
-                                 restarts=8, restart_steps=300)
+    config = dataclasses.replace(
+        fit_settings.FitConfig(steps=600, eval_every=300, **fit_settings.ORIGINAL),
+        restarts=8, restart_steps=300)
     rows = []
     for width in (2, 16):
       for noise in [float(x) for x in args.noise.split(",")]:

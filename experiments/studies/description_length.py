@@ -23,7 +23,7 @@ from bindjax.base import files
 from bindjax.complexity import data as data_lib
 from bindjax.complexity import description_length
 from bindjax.complexity import families
-from bindjax.complexity import fitting
+from bindjax.complexity import fit_settings
 from bindjax.frozen import embeddings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,7 +53,7 @@ def main(argv=None):
   code = description_length.CodeConfig(
       block_fractions=tuple(float(f) for f in args.block_fractions.split(",")),
       restarts=args.restarts, precision=args.precision).validate()
-  fit = fitting.FitConfig(steps=args.steps, eval_every=args.steps, schedule="cosine")
+  fit = fit_settings.FitConfig(steps=args.steps, eval_every=args.steps, schedule="cosine")
   width = f"_E{args.embed_dim}" if args.embed_dim else ""
   path = os.path.join(RESULTS, f"{args.set}_seed{args.seed}{width}{args.tag}.json")
   out = {"set": args.set, "num_scenes": data.num_scenes, "num_objects": data.num_unique,
