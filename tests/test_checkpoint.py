@@ -5,6 +5,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import jax
@@ -19,6 +20,9 @@ from bindjax.frozen import extract
 from bindjax.training import train
 from bindjax.workdir import checkpoint
 from bindjax.workdir import layout
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_sweep  # pylint: disable=wrong-import-position
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -333,3 +337,40 @@ def test_sigkill_and_resume_gives_identical_metrics(tmp_path):
     a, b = (extract.load_workdir(w, which) for w in (reference, killed))
     assert a.step == b.step
     jax.tree.map(np.testing.assert_array_equal, a.params, b.params)
+
+
+def test_two_processes_save_the_same_steps_in_two_directories(tmp_path):
+  """Two processes joined by jax.distributed, each saving steps 1-6 into two checkpoint
+  directories in turn, asynchronously (as a packed sweep's buckets on lanes that span both):
+  every save of both completes, with no barrier of one directory's saves met by the other's."""
+  script = tmp_path / "save_twice.py"
+  script.write_text(textwrap.dedent("""
+      import os, sys
+      import jax, numpy as np
+      process, port, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+      jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process)
+      from bindjax.workdir import checkpoint
+      mesh = jax.sharding.Mesh(np.array(jax.devices()), ("r",))
+      sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("r"))
+      x = jax.make_array_from_callback((4, 3), sharding,
+                                       lambda index: np.ones((4, 3), np.float32)[index])
+      both = [checkpoint.Checkpoints(os.path.join(root, name), keep=2) for name in "ab"]
+      for step in range(1, 7):
+        for checkpoints in both:
+          checkpoints.save(step, {"x": x})
+      for checkpoints in both:
+        checkpoints.close()
+      print("saved", [c.all_steps() for c in both])
+      """))
+  port = test_sweep.free_port()
+  procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), str(tmp_path / "ck")],
+                            env=test_sweep.env_with_devices(2), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  try:
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  assert [p.returncode for p in procs] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+  assert all("saved [[5, 6], [5, 6]]" in out for out in outputs), outputs

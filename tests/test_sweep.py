@@ -371,7 +371,9 @@ def _checkpointed_state(workdir, step):
   return [x.tobytes() for x in jax.tree.leaves(parallel.to_host(state))]
 
 
-def _env(devices):
+def env_with_devices(devices):
+  """This environment for a subprocess with `devices` CPU devices that imports bindjax and the
+  tests from this checkout."""
   env = dict(os.environ)
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   env["JAX_PLATFORMS"] = "cpu"
@@ -400,7 +402,7 @@ def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
       results_writer.ResultsWriter.add = add_then_die
       sweep.run_sweep(test_sweep.tiny_config(), {workdir!r}, progress=False)
       """)
-  proc = subprocess.run([sys.executable, "-c", script], env=_env(8), cwd=REPO,
+  proc = subprocess.run([sys.executable, "-c", script], env=env_with_devices(8), cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
   assert not os.path.exists(os.path.join(workdir, layout.DONE_FILE))
@@ -413,7 +415,8 @@ def test_sigkill_and_resume_gives_identical_results(reference, tmp_path):
   assert _rows(workdir) == rows
 
 
-def _free_port():
+def free_port():
+  """A TCP port on 127.0.0.1 that nothing listens on now."""
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
@@ -422,12 +425,12 @@ def _free_port():
 def run_two_processes(config_path, workdir, timeout=300):
   """`bindjax sweep --config=config_path` in 2 processes × 2 devices joined by jax.distributed on
   127.0.0.1; returns (exit codes, outputs)."""
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen(
       [sys.executable, "-m", "bindjax.commands.main", "sweep", f"--config={config_path}",
        f"--workdir={workdir}", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
        f"--process_id={i}", "--noprogress", "--noreport"],
-      env=_env(2), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      env=env_with_devices(2), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       for i in range(2)]
   outputs = []
   try:

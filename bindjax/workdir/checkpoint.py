@@ -151,11 +151,18 @@ class Checkpoints:
             path.rmtree()
           except OSError:
             pass   # orbax's clean-up gets another go
+    # orbax names its cross-process barriers by step alone: two managers of one process saving
+    # the same step (a packed sweep's buckets, on lanes that span processes) would wait at one
+    # barrier at once, which the coordination service refuses ("... is already ongoing"). A
+    # prefix from the directory, the same in every process, keeps each manager's own.
+    barriers = "ckpt_" + hashlib.sha256(str(self.directory).encode()).hexdigest()[:16]
     self._manager = ocp.CheckpointManager(
         self.directory, item_names=_ITEMS,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, cleanup_tmp_directories=False,
-            enable_async_checkpointing=async_save))
+            enable_async_checkpointing=async_save,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                barrier_sync_key_prefix=barriers)))
     self._corrupt = {}   # step -> why it did not verify (each is reported once)
 
   def path(self, step):
