@@ -28,6 +28,7 @@
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c4_81_wd03 --workdir=runs/cpu_plain_c4_81_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_product_c4_81_wd03 --workdir=runs/cpu_product_c4_81_wd03
   bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c4_81_wd03_long --workdir=runs/cpu_plain_c4_81_wd03_long
+  bindjax sweep --config=experiments/coverage_sweep.py:cpu_plain_c4_81_wd03_095 --workdir=runs/cpu_plain_c4_81_wd03_095
 
 Presets (the ARG after the colon):
   smoke      2 tiny spaces (|O| = 16, 36) × 3 coverages × 2 seeds, a 1-layer d_model-32 model,
@@ -111,6 +112,10 @@ Presets (the ARG after the colon):
              cpu_plain_c4_81_wd03 at coverage 0.3, 0.5, 0.7, 0.9 × its 4 seeds with twice the
              steps (20,000): two seeds end below 0.8 at coverage 0.9 after 10,000 steps; does a
              longer schedule lift the top of the curve, and does rho* move with it?
+  cpu_plain_c4_81_wd03_095
+             cpu_plain_c4_81_wd03 at coverage 0.95 (seeds 0-3): the point above its grid that
+             the transition test's upper half asks for, as cpu_095 for cpu (twice the steps did
+             not lift coverage 0.9).
   cpu_plain_36_wd03
              cpu_plain_36 (its 60 replicas, grid, seeds and 5,000 steps) with weight decay
              0.03: does the lever that lifted every seed at |O| = 64's top coverage give a
@@ -175,7 +180,8 @@ CPU_COVERAGES = (0.3, 0.5, 0.7, 0.8, 0.9)
 # say little and a point below 0.3 is needed to see the curve start.
 CPU_196_COVERAGES = (0.2, 0.3, 0.5, 0.7, 0.9)
 # Presets that add coverage 0.95 to a CPU scaling-law preset's grid, run as their own sweep.
-TOP_COVERAGE_PRESETS = {"cpu_095": "cpu", "cpu_144_095": "cpu_144"}
+TOP_COVERAGE_PRESETS = {"cpu_095": "cpu", "cpu_144_095": "cpu_144",
+                        "cpu_plain_c4_81_wd03_095": "cpu_plain_c4_81_wd03"}
 # Twelve coverages of |O| = 36 with distinct training-object counts (9 to 32).
 PLAIN_36_COVERAGES = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9)
 # Twelve coverages of |O| = 64 with distinct training-object counts (12 to 57), half of them
@@ -316,7 +322,8 @@ def get_config(arg="smoke"):
                      "cpu_plain_64_wd03_low, cpu_plain_49_wd03, cpu_plain_64_wd03_60, "
                      "cpu_product_64_wd03, cpu_plain_36_wd03, cpu_plain_ff1024_64, "
                      "cpu_plain_ff1024_100, cpu_plain_c3_64_wd03, cpu_plain_c3_27_wd03, "
-                     "cpu_plain_c4_81_wd03, cpu_plain_c4_81_wd03_long, cpu_product_c4_81_wd03, "
+                     "cpu_plain_c4_81_wd03, cpu_plain_c4_81_wd03_long, cpu_plain_c4_81_wd03_095, "
+                     "cpu_product_c4_81_wd03, "
                      "gpu_plain_400, gpu_quick, "
                      "paper "
                      "or paper_20m")
